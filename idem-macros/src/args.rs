@@ -1,0 +1,233 @@
+//! Parses the attribute's arguments into [`Args`]. Syntax only; the meaning is checked in
+//! `valid.rs`.
+
+use proc_macro2::Span;
+use syn::parse::{Parse, ParseStream};
+use syn::{Ident, LitStr, Token};
+
+use crate::duration::parse_millis;
+
+const OPTIONS: &str =
+    "`key`, `mutating`, `natural`, `required`, `name`, `ttl`, `lease`, `skip`, `on_error`";
+
+/// A dotted path written in a string option: `run_id`, `req.run_id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldPath {
+    pub segments: Vec<String>,
+}
+
+impl FieldPath {
+    pub fn root(&self) -> &str {
+        &self.segments[0]
+    }
+
+    pub fn dotted(&self) -> String {
+        self.segments.join(".")
+    }
+}
+
+/// A string option that holds a list of paths (`key`, `skip`), with the literal for spans.
+pub struct PathList {
+    pub lit: LitStr,
+    pub paths: Vec<FieldPath>,
+}
+
+/// A duration option, with the literal for spans.
+pub struct DurationArg {
+    pub lit: LitStr,
+    pub millis: u64,
+}
+
+/// What a tool does on an error of its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    Release,
+    Store,
+}
+
+/// The attribute, parsed. Each option keeps the span of its keyword for diagnostics.
+#[derive(Default)]
+pub struct Args {
+    pub key: Option<(Ident, PathList)>,
+    pub mutating: Option<Ident>,
+    pub natural: Option<Ident>,
+    pub required: Option<Ident>,
+    pub name: Option<(Ident, LitStr)>,
+    pub ttl: Option<(Ident, DurationArg)>,
+    pub lease: Option<(Ident, DurationArg)>,
+    pub skip: Option<(Ident, PathList)>,
+    pub on_error: Option<(Ident, LitStr, OnError)>,
+    /// The keywords in the order they were written.
+    pub order: Vec<String>,
+}
+
+impl Args {
+    /// The keywords given, in the order they matter for "only with" diagnostics.
+    pub fn keyed_only_options(&self) -> Vec<&Ident> {
+        [
+            self.key.as_ref().map(|o| &o.0),
+            self.required.as_ref(),
+            self.ttl.as_ref().map(|o| &o.0),
+            self.lease.as_ref().map(|o| &o.0),
+            self.skip.as_ref().map(|o| &o.0),
+            self.on_error.as_ref().map(|o| &o.0),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+}
+
+/// The one place a repeated option is reported: at its second use.
+fn set_once<T>(slot: &mut Option<T>, keyword: &Ident, value: T) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(syn::Error::new(
+            keyword.span(),
+            format!("`{keyword}` is given twice; keep one"),
+        ));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn parse_paths(lit: &LitStr, option: &str) -> syn::Result<Vec<FieldPath>> {
+    let text = lit.value();
+    let mut paths = Vec::new();
+    for raw in text.split(',') {
+        let raw = raw.trim();
+        if raw.is_empty() {
+            let msg = if text.trim().is_empty() {
+                format!("`{option}` is empty; name at least one parameter, e.g. `{option} = \"run_id, step_id\"`")
+            } else {
+                format!("`{option}` has an empty entry; separate parameter names with single commas")
+            };
+            return Err(syn::Error::new(lit.span(), msg));
+        }
+        let segments: Vec<String> = raw.split('.').map(|s| s.trim().to_owned()).collect();
+        for segment in &segments {
+            if syn::parse_str::<Ident>(segment).is_err() && segment != "self" {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "`{raw}` in `{option}` is not a parameter name or a field path like `req.run_id`"
+                    ),
+                ));
+            }
+        }
+        paths.push(FieldPath { segments });
+    }
+    Ok(paths)
+}
+
+fn parse_duration(lit: LitStr, option: &str) -> syn::Result<DurationArg> {
+    match parse_millis(&lit.value()) {
+        Ok(millis) => Ok(DurationArg { lit, millis }),
+        Err(msg) => Err(syn::Error::new(lit.span(), format!("invalid `{option}`: {msg}"))),
+    }
+}
+
+fn value(input: ParseStream<'_>, keyword: &Ident) -> syn::Result<LitStr> {
+    if !input.peek(Token![=]) {
+        return Err(syn::Error::new(
+            keyword.span(),
+            format!("`{keyword}` takes a value: `{keyword} = \"…\"`"),
+        ));
+    }
+    input.parse::<Token![=]>()?;
+    input.parse::<LitStr>().map_err(|e| {
+        syn::Error::new(e.span(), format!("`{keyword}` takes a string literal: `{keyword} = \"…\"`"))
+    })
+}
+
+fn flag(input: ParseStream<'_>, keyword: &Ident) -> syn::Result<()> {
+    if input.peek(Token![=]) {
+        return Err(syn::Error::new(
+            keyword.span(),
+            format!("`{keyword}` is a flag and takes no value; write just `{keyword}`"),
+        ));
+    }
+    Ok(())
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut args = Args::default();
+        while !input.is_empty() {
+            let keyword: Ident = input.call(syn::ext::IdentExt::parse_any).map_err(|e| {
+                syn::Error::new(e.span(), format!("expected an option: one of {OPTIONS}"))
+            })?;
+            args.order.push(keyword.to_string());
+            match keyword.to_string().as_str() {
+                "key" => {
+                    let lit = value(input, &keyword)?;
+                    let paths = parse_paths(&lit, "key")?;
+                    set_once(&mut args.key, &keyword, (keyword.clone(), PathList { lit, paths }))?;
+                }
+                "skip" => {
+                    let lit = value(input, &keyword)?;
+                    let paths = parse_paths(&lit, "skip")?;
+                    set_once(&mut args.skip, &keyword, (keyword.clone(), PathList { lit, paths }))?;
+                }
+                "name" => {
+                    let lit = value(input, &keyword)?;
+                    set_once(&mut args.name, &keyword, (keyword.clone(), lit))?;
+                }
+                "ttl" => {
+                    let lit = parse_duration(value(input, &keyword)?, "ttl")?;
+                    set_once(&mut args.ttl, &keyword, (keyword.clone(), lit))?;
+                }
+                "lease" => {
+                    let lit = parse_duration(value(input, &keyword)?, "lease")?;
+                    set_once(&mut args.lease, &keyword, (keyword.clone(), lit))?;
+                }
+                "on_error" => {
+                    let lit = value(input, &keyword)?;
+                    let policy = match lit.value().as_str() {
+                        "release" => OnError::Release,
+                        "store" => OnError::Store,
+                        other => {
+                            return Err(syn::Error::new(
+                                lit.span(),
+                                format!(
+                                    "`on_error` is `\"release\"` (delete the claim so a corrected retry runs) \
+                                     or `\"store\"` (keep the error and replay it), not `\"{other}\"`"
+                                ),
+                            ));
+                        }
+                    };
+                    set_once(&mut args.on_error, &keyword, (keyword.clone(), lit, policy))?;
+                }
+                "mutating" => {
+                    flag(input, &keyword)?;
+                    set_once(&mut args.mutating, &keyword, keyword.clone())?;
+                }
+                "natural" => {
+                    flag(input, &keyword)?;
+                    set_once(&mut args.natural, &keyword, keyword.clone())?;
+                }
+                "required" => {
+                    flag(input, &keyword)?;
+                    set_once(&mut args.required, &keyword, keyword.clone())?;
+                }
+                other => {
+                    return Err(syn::Error::new(
+                        keyword.span(),
+                        format!("unknown option `{other}`; expected one of {OPTIONS}"),
+                    ));
+                }
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>().map_err(|e| {
+                syn::Error::new(e.span(), "expected `,` between options")
+            })?;
+        }
+        Ok(args)
+    }
+}
+
+/// The span to blame for the attribute as a whole.
+pub fn attribute_span() -> Span {
+    Span::call_site()
+}

@@ -1,0 +1,114 @@
+//! The checked model of the annotated function: its parameters by name and its return type.
+
+use syn::spanned::Spanned;
+use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Type};
+
+/// A named parameter.
+pub struct Param {
+    pub ident: Ident,
+    pub ty: Type,
+}
+
+/// The return type: `Result<T, E>` as written, or something to resolve through `ToolResult`
+/// (an alias such as `anyhow::Result<T>`).
+pub enum Ret {
+    Explicit { ok: Type, err: Type },
+    Alias(Type),
+}
+
+pub struct Tool {
+    pub item: ItemFn,
+    pub params: Vec<Param>,
+    pub has_receiver: bool,
+    pub ret: Ret,
+}
+
+impl Tool {
+    pub fn from_item(item: ItemFn) -> syn::Result<Self> {
+        let mut params = Vec::new();
+        let mut has_receiver = false;
+        for input in &item.sig.inputs {
+            match input {
+                FnArg::Receiver(_) => has_receiver = true,
+                FnArg::Typed(pat_type) => match &*pat_type.pat {
+                    Pat::Ident(pat) if pat.subpat.is_none() && pat.by_ref.is_none() => {
+                        params.push(Param {
+                            ident: pat.ident.clone(),
+                            ty: (*pat_type.ty).clone(),
+                        });
+                    }
+                    other => {
+                        return Err(syn::Error::new(
+                            other.span(),
+                            "destructured parameters cannot be fingerprinted by name; bind the \
+                             parameter to a name (`req: Request`) and use field paths \
+                             (`key = \"req.run_id\"`)",
+                        ));
+                    }
+                },
+            }
+        }
+        let ret = match &item.sig.output {
+            ReturnType::Default => {
+                return Err(syn::Error::new(
+                    item.sig.paren_token.span.close(),
+                    "`#[idempotent]` tools must return `Result<T, E>`: the value is stored for \
+                     replays and the error decides what happens to the claim",
+                ));
+            }
+            ReturnType::Type(_, ty) => explicit_result(ty).unwrap_or(Ret::Alias((**ty).clone())),
+        };
+        Ok(Tool {
+            item,
+            params,
+            has_receiver,
+            ret,
+        })
+    }
+
+    pub fn param(&self, name: &str) -> Option<&Param> {
+        self.params.iter().find(|p| p.ident == name)
+    }
+
+    pub fn param_names(&self) -> String {
+        let mut names: Vec<String> = self.params.iter().map(|p| format!("`{}`", p.ident)).collect();
+        if self.has_receiver {
+            names.insert(0, "`self`".into());
+        }
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
+    }
+}
+
+/// `Result<T, E>` (any path ending in `Result` with two type arguments).
+fn explicit_result(ty: &Type) -> Option<Ret> {
+    let Type::Path(path) = ty else { return None };
+    if path.qself.is_some() {
+        return None;
+    }
+    let last = path.path.segments.last()?;
+    if last.ident != "Result" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    let types: Vec<&Type> = args
+        .args
+        .iter()
+        .filter_map(|a| match a {
+            GenericArgument::Type(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    match types.as_slice() {
+        [ok, err] if args.args.len() == 2 => Some(Ret::Explicit {
+            ok: (*ok).clone(),
+            err: (*err).clone(),
+        }),
+        _ => None,
+    }
+}

@@ -1,0 +1,209 @@
+//! Writes the glue: the registration, the type checks, the key parts, the fingerprint input,
+//! and one call into the runtime with the original body as a future. Cannot fail: everything
+//! that can be wrong was rejected in `valid.rs`.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{AttrStyle, Ident, ItemFn, ReturnType};
+
+use crate::args::{Args, FieldPath, OnError};
+use crate::ast::{Ret, Tool};
+use crate::fallback;
+use crate::valid::{self, Checked, Form, Keyed};
+
+pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item_fn: ItemFn = match syn::parse2(item.clone()) {
+        Ok(f) => f,
+        Err(_) => return fallback::not_a_function(item),
+    };
+    match try_expand(attr, item_fn.clone()) {
+        Ok(tokens) => tokens,
+        Err(error) => fallback::expand(error, item_fn),
+    }
+}
+
+fn try_expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
+    let args: Args = syn::parse2(attr)?;
+    let tool = Tool::from_item(item)?;
+    let checked = valid::check(args, tool)?;
+    Ok(generate(&checked))
+}
+
+/// The value and error types of the rewritten signature.
+pub fn result_types(tool: &Tool) -> (TokenStream, TokenStream) {
+    match &tool.ret {
+        Ret::Explicit { ok, err } => (quote!(#ok), quote!(#err)),
+        Ret::Alias(ty) => (
+            quote_spanned!(ty.span()=> <#ty as ::idem::ToolResult>::Ok),
+            quote_spanned!(ty.span()=> <#ty as ::idem::ToolResult>::Err),
+        ),
+    }
+}
+
+/// The user's signature with `-> Result<T, E>` turned into
+/// `-> Result<Outcome<T>, idem::Error<E>>`.
+pub fn rewritten_signature(tool: &Tool) -> syn::Signature {
+    let (ok, err) = result_types(tool);
+    let mut sig = tool.item.sig.clone();
+    let span = match &sig.output {
+        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => Span::call_site(),
+    };
+    sig.output = syn::parse_quote_spanned! {span=>
+        -> ::core::result::Result<::idem::Outcome<#ok>, ::idem::Error<#err>>
+    };
+    sig
+}
+
+/// `async move { let __idem_out: R = { body }; __idem_out }`: the body as a future whose type
+/// errors are reported at the user's own expressions.
+pub fn body_future(tool: &Tool) -> TokenStream {
+    let block = &tool.item.block;
+    let ret = match &tool.item.sig.output {
+        ReturnType::Type(_, ty) => quote!(#ty),
+        ReturnType::Default => quote!(()),
+    };
+    quote! {
+        async move {
+            #[allow(unreachable_code, clippy::diverging_sub_expression)]
+            let __idem_out: #ret = #block;
+            __idem_out
+        }
+    }
+}
+
+/// Outer attributes stay on the function, inner ones (`#![allow(…)]`) open the new body.
+pub fn split_attrs(item: &ItemFn) -> (Vec<&syn::Attribute>, Vec<&syn::Attribute>) {
+    item.attrs
+        .iter()
+        .partition(|a| matches!(a.style, AttrStyle::Outer))
+}
+
+fn path_expr(path: &FieldPath, span: Span) -> TokenStream {
+    let segments = path.segments.iter().map(|s| {
+        if s == "self" {
+            quote_spanned!(span=> self)
+        } else {
+            let ident = Ident::new(s, span);
+            quote!(#ident)
+        }
+    });
+    quote!(#(#segments).*)
+}
+
+fn registration(checked: &Checked) -> TokenStream {
+    let name = &checked.name;
+    let function = checked.tool.item.sig.ident.to_string();
+    let mut info = quote! {
+        ::idem::__private::ToolInfo::new(
+            #name, #function, ::core::module_path!(), ::core::file!(), ::core::line!(),
+        )
+    };
+    if checked.stable_name {
+        info.extend(quote!(.stable_name()));
+    }
+    match &checked.form {
+        Form::Natural => info.extend(quote!(.natural())),
+        Form::Keyed(keyed) => {
+            let parts = keyed.parts.iter().map(|p| p.path.dotted());
+            let required = keyed.required;
+            info.extend(quote!(.key(&[#(#parts),*], #required)));
+            if let Some(ms) = keyed.ttl_ms {
+                info.extend(quote!(.ttl_ms(#ms)));
+            }
+            if let Some(ms) = keyed.lease_ms {
+                info.extend(quote!(.lease_ms(#ms)));
+            }
+            if !keyed.skip.is_empty() {
+                let paths = keyed.skip.iter().map(|p| {
+                    let segs = &p.segments;
+                    quote!(&[#(#segs),*])
+                });
+                info.extend(quote!(.skip(&[#(#paths),*])));
+            }
+            if keyed.on_error == OnError::Store {
+                info.extend(quote!(.on_error(::idem::__private::ErrorPolicy::Store)));
+            }
+        }
+    }
+    quote! {
+        static __IDEM_TOOL: ::idem::__private::ToolInfo = #info;
+        ::idem::__private::inventory::submit! {
+            ::idem::__private::Registration(&__IDEM_TOOL)
+        }
+    }
+}
+
+fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
+    let (ok, err) = result_types(tool);
+    let ret_span = match &tool.item.sig.output {
+        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => Span::call_site(),
+    };
+    let arg_checks = tool.params.iter().map(|p| {
+        let ident = &p.ident;
+        quote_spanned!(p.ty.span()=> ::idem::__private::assert_argument(&#ident);)
+    });
+    let mut type_checks = quote! {
+        #(#arg_checks)*
+        ::idem::__private::assert_storable::<#ok>(::core::marker::PhantomData);
+    };
+    if keyed.on_error == OnError::Store {
+        type_checks.extend(quote_spanned! {ret_span=>
+            ::idem::__private::assert_storable_error::<#err>(::core::marker::PhantomData);
+        });
+    }
+    let parts = keyed.parts.iter().map(|part| {
+        let name = part.path.dotted();
+        let expr = path_expr(&part.path, part.span);
+        quote_spanned! {part.span=>
+            .part(#name, (&::idem::__private::KeyPartProbe(&#expr)).idem_key_part())
+        }
+    });
+    let args = tool.params.iter().map(|p| {
+        let ident = &p.ident;
+        let name = ident.to_string();
+        quote!(.arg(#name, &#ident))
+    });
+    let run = match keyed.on_error {
+        OnError::Release => format_ident!("run_keyed"),
+        OnError::Store => format_ident!("run_keyed_storing_errors"),
+    };
+    let body = body_future(tool);
+    quote! {
+        #type_checks
+        let __idem_key = {
+            #[allow(unused_imports)]
+            use ::idem::__private::{OptionalKeyPart as _, RequiredKeyPart as _};
+            ::idem::__private::KeyParts::new() #(#parts)*
+        };
+        let __idem_fingerprint = ::idem::__private::ArgsFingerprint::new(__IDEM_TOOL.skip)
+            #(#args)*
+            .finish();
+        ::idem::__private::#run(&__IDEM_TOOL, __idem_key, __idem_fingerprint, #body).await
+    }
+}
+
+fn generate(checked: &Checked) -> TokenStream {
+    let tool = &checked.tool;
+    let (outer, inner) = split_attrs(&tool.item);
+    let vis = &tool.item.vis;
+    let sig = rewritten_signature(tool);
+    let registration = registration(checked);
+    let call = match &checked.form {
+        Form::Keyed(keyed) => keyed_call(tool, keyed),
+        Form::Natural => {
+            let body = body_future(tool);
+            quote!(::idem::__private::run_natural(&__IDEM_TOOL, #body).await)
+        }
+    };
+    quote! {
+        #(#outer)*
+        #vis #sig {
+            #(#inner)*
+            #registration
+            #call
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! The semantic rules of the attribute. Every rule reports at the offending token, says what is
+//! wrong and what to do, and all the rules broken at once are reported together.
+
+use proc_macro2::Span;
+use syn::spanned::Spanned;
+use syn::{Ident, LitStr, Type};
+
+use crate::args::{Args, DurationArg, FieldPath, OnError, attribute_span};
+use crate::ast::Tool;
+
+/// One key part, ready to expand.
+pub struct KeyPartPlan {
+    pub path: FieldPath,
+    pub span: Span,
+}
+
+pub struct Keyed {
+    pub parts: Vec<KeyPartPlan>,
+    pub required: bool,
+    pub on_error: OnError,
+    pub ttl_ms: Option<u64>,
+    pub lease_ms: Option<u64>,
+    pub skip: Vec<FieldPath>,
+}
+
+pub enum Form {
+    Keyed(Keyed),
+    Natural,
+}
+
+/// A tool that passed every rule.
+pub struct Checked {
+    pub tool: Tool,
+    pub name: String,
+    pub stable_name: bool,
+    pub form: Form,
+}
+
+/// Collects errors so that every broken rule is reported in one compilation.
+#[derive(Default)]
+struct Errors(Option<syn::Error>);
+
+impl Errors {
+    fn push(&mut self, span: Span, message: impl std::fmt::Display) {
+        let e = syn::Error::new(span, message);
+        match &mut self.0 {
+            Some(all) => all.combine(e),
+            None => self.0 = Some(e),
+        }
+    }
+
+    fn finish(self) -> syn::Result<()> {
+        self.0.map_or(Ok(()), Err)
+    }
+}
+
+/// Names that change on every attempt: keying on them makes every retry a new intent.
+fn volatile_reason(name: &str) -> Option<&'static str> {
+    let n = name.to_ascii_lowercase();
+    if n == "tool_call_id" || n == "call_id" || n.contains("tool_call") {
+        return Some(
+            "the LLM's tool call id names a chat message, not a business effect: a second turn \
+             emits another id for the same charge. Key on the intent (`run_id`, `step_id`, or an \
+             id the caller already has, like `invoice_id`)",
+        );
+    }
+    let tokens: Vec<&str> = n.split('_').collect();
+    let volatile_token = tokens.iter().any(|t| {
+        matches!(
+            *t,
+            "attempt" | "attempts" | "retry" | "retries" | "timestamp" | "ts" | "now" | "nonce"
+        )
+    });
+    let time_like = matches!(n.as_str(), "time" | "date" | "datetime" | "instant")
+        || (n.ends_with("_at") && tokens.len() > 1)
+        || n.ends_with("_time")
+        || n.contains("timestamp");
+    (volatile_token || time_like).then_some(
+        "it changes between attempts (a time, an attempt counter, a nonce), so every retry would \
+         look like a new intent and run again. Key on stable ids such as `run_id` and `step_id`",
+    )
+}
+
+/// Names that look like personal data: keys reach stores and logs (hashed, but guessable).
+fn pii_reason(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    let tokens: Vec<&str> = n.split('_').collect();
+    matches!(
+        n.as_str(),
+        "card" | "card_number" | "card_no" | "pan" | "cvv" | "cvc" | "iban"
+    ) || tokens.iter().any(|t| {
+        matches!(
+            *t,
+            "email" | "mail" | "phone" | "mobile" | "ssn" | "nit" | "password" | "passwd" | "dni"
+        )
+    }) || n.contains("email")
+        || n.contains("password")
+        || n.contains("card_number")
+}
+
+const VOLATILE_TYPES: &[&str] = &[
+    "SystemTime",
+    "Instant",
+    "DateTime",
+    "NaiveDateTime",
+    "OffsetDateTime",
+    "PrimitiveDateTime",
+    "Timestamp",
+];
+
+/// The last path segment of a type, through references.
+fn type_name(ty: &Type) -> Option<String> {
+    match ty {
+        Type::Reference(r) => type_name(&r.elem),
+        Type::Path(p) => p.path.segments.last().map(|s| s.ident.to_string()),
+        Type::Group(g) => type_name(&g.elem),
+        Type::Paren(p) => type_name(&p.elem),
+        _ => None,
+    }
+}
+
+fn check_name(lit: &LitStr, errors: &mut Errors) -> String {
+    let name = lit.value();
+    let valid = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:-/".contains(&b));
+    if !valid {
+        errors.push(
+            lit.span(),
+            format!(
+                "`name = \"{name}\"` is not a valid tool name; use 1 to 128 characters from \
+                 `A-Z a-z 0-9 _ . : - /`, e.g. `name = \"payments.register\"`"
+            ),
+        );
+    }
+    name
+}
+
+fn check_key(tool: &Tool, lit: &LitStr, paths: &[FieldPath], errors: &mut Errors) -> Vec<KeyPartPlan> {
+    let fn_name = &tool.item.sig.ident;
+    let mut plans: Vec<KeyPartPlan> = Vec::new();
+    for path in paths {
+        let span = lit.span();
+        if plans.iter().any(|p| p.path == *path) {
+            errors.push(
+                span,
+                format!("key part `{}` is listed twice; list each part once", path.dotted()),
+            );
+            continue;
+        }
+        let root = path.root();
+        let param = tool.param(root);
+        if root == "self" {
+            if !tool.has_receiver {
+                errors.push(span, format!("key part `{}` uses `self`, but `{fn_name}` has no `self` parameter", path.dotted()));
+                continue;
+            }
+            if path.segments.len() == 1 {
+                errors.push(span, "`self` cannot be a key part on its own; name a field, e.g. `self.account_id`");
+                continue;
+            }
+        } else if param.is_none() {
+            errors.push(
+                span,
+                format!(
+                    "key part `{root}` names no parameter of `{fn_name}`; parameters: {}",
+                    tool.param_names()
+                ),
+            );
+            continue;
+        }
+        let mut broken = false;
+        for segment in &path.segments {
+            if let Some(reason) = volatile_reason(segment) {
+                errors.push(span, format!("key part `{}` cannot be a key: {reason}", path.dotted()));
+                broken = true;
+                break;
+            }
+            if pii_reason(segment) {
+                errors.push(
+                    span,
+                    format!(
+                        "key part `{}` looks like personal data; keys reach stores and logs \
+                         (hashed, but guessable from a short list): key on an opaque id instead \
+                         (Stripe: avoid using sensitive data)",
+                        path.dotted()
+                    ),
+                );
+                broken = true;
+                break;
+            }
+        }
+        if let (Some(param), 1) = (param, path.segments.len()) {
+            if let Some(ty) = type_name(&param.ty).filter(|t| VOLATILE_TYPES.contains(&t.as_str())) {
+                errors.push(
+                    param.ty.span(),
+                    format!(
+                        "key part `{root}` is a `{ty}`, which changes between attempts; every \
+                         retry would look like a new intent. Key on stable ids such as `run_id`"
+                    ),
+                );
+                broken = true;
+            }
+        }
+        if !broken {
+            plans.push(KeyPartPlan {
+                path: path.clone(),
+                span,
+            });
+        }
+    }
+    plans
+}
+
+fn check_skip(tool: &Tool, lit: &LitStr, paths: &[FieldPath], errors: &mut Errors) {
+    for path in paths {
+        if tool.param(path.root()).is_none() {
+            errors.push(
+                lit.span(),
+                format!(
+                    "`skip` entry `{}` names no parameter of `{}`; parameters: {}",
+                    path.dotted(),
+                    tool.item.sig.ident,
+                    tool.param_names()
+                ),
+            );
+        }
+    }
+}
+
+fn not_for_natural(keyword: &Ident, errors: &mut Errors) {
+    errors.push(
+        keyword.span(),
+        format!(
+            "`{keyword}` does not apply to `natural` tools: they are safe to repeat and use no \
+             key or store; remove `{keyword}`, or use `mutating` with a `key`"
+        ),
+    );
+}
+
+pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
+    let mut errors = Errors::default();
+    let sig = &tool.item.sig;
+
+    if sig.asyncness.is_none() {
+        errors.push(
+            sig.fn_token.span,
+            "`#[idempotent]` tools must be `async fn`: the call awaits the store before the body \
+             runs; write `async fn`",
+        );
+    }
+    if let Some(constness) = &sig.constness {
+        errors.push(constness.span, "`#[idempotent]` tools cannot be `const fn`");
+    }
+
+    let name = match &args.name {
+        Some((_, lit)) => check_name(lit, &mut errors),
+        None => sig.ident.to_string(),
+    };
+
+    let form = match (&args.mutating, &args.natural) {
+        (Some(m), Some(n)) => {
+            let position = |word: &str| args.order.iter().position(|o| o == word);
+            let later = if position("mutating") > position("natural") { m } else { n };
+            errors.push(
+                later.span(),
+                "`mutating` and `natural` exclude each other: a tool either has a side effect to \
+                 guard with a key (`mutating`) or is safe to repeat as is (`natural`); keep one",
+            );
+            None
+        }
+        (None, Some(_)) => {
+            for keyword in args.keyed_only_options() {
+                not_for_natural(keyword, &mut errors);
+            }
+            Some(Form::Natural)
+        }
+        (Some(mutating), None) => {
+            let parts = match &args.key {
+                Some((_, list)) => check_key(&tool, &list.lit, &list.paths, &mut errors),
+                None => {
+                    errors.push(
+                        mutating.span(),
+                        "`mutating` tools must declare `key = \"…\"`; an agent retry would repeat \
+                         the effect. Name the parameters that identify the intent, e.g. \
+                         `key = \"run_id, step_id\"`",
+                    );
+                    Vec::new()
+                }
+            };
+            if let Some((_, list)) = &args.skip {
+                check_skip(&tool, &list.lit, &list.paths, &mut errors);
+            }
+            if let (Some((_, ttl)), Some((_, lease))) = (&args.ttl, &args.lease) {
+                check_ttl_covers_lease(ttl, lease, &mut errors);
+            }
+            Some(Form::Keyed(Keyed {
+                parts,
+                required: args.required.is_some(),
+                on_error: args.on_error.as_ref().map_or(OnError::Release, |o| o.2),
+                ttl_ms: args.ttl.as_ref().map(|t| t.1.millis),
+                lease_ms: args.lease.as_ref().map(|l| l.1.millis),
+                skip: args.skip.as_ref().map(|s| s.1.paths.clone()).unwrap_or_default(),
+            }))
+        }
+        (None, None) => {
+            let span = args.key.as_ref().map_or_else(attribute_span, |k| k.0.span());
+            errors.push(
+                span,
+                "say what the tool does: `mutating` (a side effect, guarded by `key = \"…\"`) or \
+                 `natural` (safe to repeat as it is, like `set_status(\"active\")`)",
+            );
+            None
+        }
+    };
+
+    errors.finish()?;
+    Ok(Checked {
+        stable_name: args.name.is_some(),
+        name,
+        form: form.expect("a form when there are no errors"),
+        tool,
+    })
+}
+
+fn check_ttl_covers_lease(ttl: &DurationArg, lease: &DurationArg, errors: &mut Errors) {
+    if ttl.millis < lease.millis {
+        errors.push(
+            ttl.lit.span(),
+            format!(
+                "`ttl = \"{}\"` is shorter than `lease = \"{}\"`: the record would expire while \
+                 the call still runs, and a retry would run it again; make the TTL at least the lease",
+                ttl.lit.value(),
+                lease.lit.value()
+            ),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volatile_names() {
+        for n in ["attempt", "retry_count", "now", "timestamp", "sent_at", "request_time", "tool_call_id", "nonce"] {
+            assert!(volatile_reason(n).is_some(), "{n}");
+        }
+        for n in ["run_id", "step_id", "idempotency_key", "invoice_id", "status", "format"] {
+            assert!(volatile_reason(n).is_none(), "{n}");
+        }
+    }
+
+    #[test]
+    fn pii_names() {
+        for n in ["email", "customer_email", "card", "card_number", "phone", "ssn", "nit", "password"] {
+            assert!(pii_reason(n), "{n}");
+        }
+        for n in ["card_id", "customer", "run_id", "unit", "nitrogen", "payment_method"] {
+            assert!(!pii_reason(n), "{n}");
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! What the `#[idempotent]` macro expands to calls. Not a public API: it changes without notice.
+//!
+//! The generated code is thin: it hands the key parts, the fingerprint input and the original
+//! body (as a future) to [`run_keyed`], [`run_keyed_storing_errors`] or [`run_natural`]. Every
+//! decision is made here, in ordinary, unit-tested Rust.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Serialize};
+
+pub use inventory;
+
+pub use crate::fingerprint::ArgsFingerprint;
+pub use crate::registry::{ErrorPolicy, Registration, ToolInfo};
+
+use crate::canonical::CanonicalError;
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::key::{InvalidKey, KeyPart, derive_key};
+use crate::outcome::{InFlight, Mismatch, Outcome};
+use crate::runtime::Scope;
+use crate::store::{Claim, ClaimRequest, Completion, Fenced};
+
+/// Wraps a key part value so that method resolution can tell `Option<_>` parts (optional keys)
+/// from every other type (autoref specialization; see [`OptionalKeyPart`] and
+/// [`RequiredKeyPart`]).
+pub struct KeyPartProbe<'a, T: ?Sized>(pub &'a T);
+
+/// Chosen for `Option<T>` parts: `None` means the caller gave no key.
+pub trait OptionalKeyPart {
+    /// The canonical key part, or `None` when the caller gave none.
+    fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey>;
+}
+
+impl<T: Serialize> OptionalKeyPart for KeyPartProbe<'_, Option<T>> {
+    fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey> {
+        self.0.as_ref().map(KeyPart::new).transpose()
+    }
+}
+
+/// Chosen for every other part, one autoref later.
+pub trait RequiredKeyPart {
+    /// The canonical key part.
+    fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey>;
+}
+
+impl<T: Serialize + ?Sized> RequiredKeyPart for &KeyPartProbe<'_, T> {
+    fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey> {
+        KeyPart::new(self.0).map(Some)
+    }
+}
+
+/// The key parts of one call, collected in declaration order.
+pub struct KeyParts {
+    parts: Vec<KeyPart>,
+    missing: Option<&'static str>,
+    invalid: Option<(&'static str, InvalidKey)>,
+}
+
+impl KeyParts {
+    /// No parts yet.
+    pub fn new() -> Self {
+        KeyParts {
+            parts: Vec::with_capacity(2),
+            missing: None,
+            invalid: None,
+        }
+    }
+
+    /// Adds the part named `name` (as declared in `key = "…"`).
+    pub fn part(mut self, name: &'static str, part: Result<Option<KeyPart>, InvalidKey>) -> Self {
+        match part {
+            Ok(Some(part)) => self.parts.push(part),
+            Ok(None) => {
+                self.missing.get_or_insert(name);
+            }
+            Err(reason) => {
+                self.invalid.get_or_insert((name, reason));
+            }
+        }
+        self
+    }
+}
+
+impl Default for KeyParts {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The type check behind the macro's "cannot be fingerprinted" diagnostic.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be fingerprinted: every argument of an `#[idempotent]` tool must implement `serde::Serialize`",
+    label = "this argument is not `Serialize`",
+    note = "derive it: `#[derive(serde::Serialize)]`; the fingerprint detects a retry with changed arguments"
+)]
+pub trait ToolArgument {}
+impl<T: Serialize + ?Sized> ToolArgument for T {}
+
+/// Fails to compile, at the argument, when it cannot be fingerprinted.
+pub fn assert_argument<T: ToolArgument + ?Sized>(_: &T) {}
+
+/// The type check behind the macro's "cannot be stored" diagnostic.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored for replay: the value an `#[idempotent]` tool returns must implement `serde::Serialize` and `serde::Deserialize`",
+    label = "this type is not `Serialize + DeserializeOwned`",
+    note = "derive both: `#[derive(serde::Serialize, serde::Deserialize)]`; a retry gets the stored value back"
+)]
+pub trait StorableResult {}
+impl<T: Serialize + DeserializeOwned> StorableResult for T {}
+
+/// Fails to compile, at the return type, when the value cannot be stored.
+pub fn assert_storable<T: StorableResult>(_: PhantomData<T>) {}
+
+/// The type check behind the macro's "the error cannot be stored" diagnostic.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored for replay: with `on_error = \"store\"` the tool's error type must implement `serde::Serialize` and `serde::Deserialize`",
+    label = "this error type is not `Serialize + DeserializeOwned`",
+    note = "derive both, or use `on_error = \"release\"` (the default) to let a corrected retry run instead"
+)]
+pub trait StorableError {}
+impl<T: Serialize + DeserializeOwned> StorableError for T {}
+
+/// Fails to compile, at the return type, when the error cannot be stored.
+pub fn assert_storable_error<T: StorableError>(_: PhantomData<T>) {}
+
+/// What a record stores: the body's value or, under `on_error = "store"`, its error.
+#[derive(Serialize)]
+#[serde(rename_all = "lowercase")]
+enum StoredRef<'a, T, E> {
+    Ok(&'a T),
+    Err(&'a E),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Stored<T, E> {
+    Ok(T),
+    Err(E),
+}
+
+/// How a tool's errors are kept: not at all (release) or stored for replay.
+trait ErrorHandling<E> {
+    /// `None`: release the claim. `Some`: store these bytes.
+    fn encode(error: &E) -> Option<Result<Vec<u8>, serde_json::Error>>;
+    /// Decodes a stored record into the value or the error.
+    fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<Result<T, E>, serde_json::Error>;
+}
+
+struct Release;
+
+impl<E> ErrorHandling<E> for Release {
+    fn encode(_: &E) -> Option<Result<Vec<u8>, serde_json::Error>> {
+        None
+    }
+    fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<Result<T, E>, serde_json::Error> {
+        match serde_json::from_slice::<Stored<T, IgnoredAny>>(bytes)? {
+            Stored::Ok(v) => Ok(Ok(v)),
+            Stored::Err(_) => Err(serde::de::Error::custom(
+                "the record holds an error, but the tool no longer stores errors",
+            )),
+        }
+    }
+}
+
+struct StoreErrors;
+
+impl<E: Serialize + DeserializeOwned> ErrorHandling<E> for StoreErrors {
+    fn encode(error: &E) -> Option<Result<Vec<u8>, serde_json::Error>> {
+        Some(serde_json::to_vec(&StoredRef::<(), E>::Err(error)))
+    }
+    fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<Result<T, E>, serde_json::Error> {
+        Ok(match serde_json::from_slice::<Stored<T, E>>(bytes)? {
+            Stored::Ok(v) => Ok(v),
+            Stored::Err(e) => Err(e),
+        })
+    }
+}
+
+/// Runs a keyed tool whose errors release the claim (`on_error = "release"`, the default).
+pub async fn run_keyed<T, E, F>(
+    tool: &'static ToolInfo,
+    key: KeyParts,
+    fingerprint: Result<Fingerprint, CanonicalError>,
+    body: F,
+) -> Result<Outcome<T>, Error<E>>
+where
+    T: Serialize + DeserializeOwned,
+    F: Future<Output = Result<T, E>>,
+{
+    execute::<T, E, F, Release>(tool, key, fingerprint, body).await
+}
+
+/// Runs a keyed tool whose errors are stored and replayed (`on_error = "store"`).
+pub async fn run_keyed_storing_errors<T, E, F>(
+    tool: &'static ToolInfo,
+    key: KeyParts,
+    fingerprint: Result<Fingerprint, CanonicalError>,
+    body: F,
+) -> Result<Outcome<T>, Error<E>>
+where
+    T: Serialize + DeserializeOwned,
+    E: Serialize + DeserializeOwned,
+    F: Future<Output = Result<T, E>>,
+{
+    execute::<T, E, F, StoreErrors>(tool, key, fingerprint, body).await
+}
+
+/// Runs a naturally idempotent tool: no key, no store, always `Fresh`.
+pub async fn run_natural<T, E, F>(_tool: &'static ToolInfo, body: F) -> Result<Outcome<T>, Error<E>>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    body.await.map(Outcome::Fresh).map_err(|error| Error::Tool {
+        error,
+        replayed: false,
+    })
+}
+
+async fn execute<T, E, F, H>(
+    tool: &'static ToolInfo,
+    key: KeyParts,
+    fingerprint: Result<Fingerprint, CanonicalError>,
+    body: F,
+) -> Result<Outcome<T>, Error<E>>
+where
+    T: Serialize + DeserializeOwned,
+    F: Future<Output = Result<T, E>>,
+    H: ErrorHandling<E>,
+{
+    let name = tool.name;
+    // Every check that can fail does so before the store is touched and before the body runs.
+    let Some(scope) = Scope::current() else {
+        return Err(Error::NoRuntime { tool: name });
+    };
+    let fingerprint =
+        fingerprint.map_err(|source| Error::Unfingerprintable { tool: name, source })?;
+    if let Some((part, reason)) = key.invalid {
+        return Err(Error::InvalidKey {
+            tool: name,
+            part,
+            reason,
+        });
+    }
+    if let Some(part) = key.missing {
+        if tool.key_required {
+            return Err(Error::MissingKey { tool: name, part });
+        }
+        return match body.await {
+            Ok(v) => Ok(Outcome::Unprotected(v)),
+            Err(error) => Err(Error::Tool {
+                error,
+                replayed: false,
+            }),
+        };
+    }
+    let tenant = scope.tenant();
+    if tenant.is_empty() || tenant.len() > 255 {
+        return Err(Error::InvalidTenant { tool: name });
+    }
+
+    let idem = scope.idem();
+    let store = idem.store();
+    let key = derive_key(tenant, name, &key.parts);
+    let ttl = tool.effective_ttl(idem);
+    let now = idem.clock().now();
+    let claim = store
+        .claim(ClaimRequest {
+            tenant,
+            key,
+            tool: name,
+            fingerprint,
+            now,
+            lease: tool.effective_lease(idem),
+            ttl,
+        })
+        .await?;
+    let token = match claim {
+        Claim::Mismatch => return Ok(Outcome::Mismatch(Mismatch::new(name, key.short_hash()))),
+        Claim::InFlight { lease_expires_at } => {
+            let retry_after = Duration::from_millis(lease_expires_at.saturating_sub(now));
+            return Ok(Outcome::InFlight(InFlight::new(
+                name,
+                key.short_hash(),
+                retry_after,
+            )));
+        }
+        Claim::Completed { result } => {
+            return match H::decode::<T>(&result) {
+                Ok(Ok(v)) => Ok(Outcome::Replayed(v)),
+                Ok(Err(error)) => Err(Error::Tool {
+                    error,
+                    replayed: true,
+                }),
+                Err(source) => Err(Error::StoredResultUnreadable {
+                    tool: name,
+                    key: key.short_hash(),
+                    source,
+                }),
+            };
+        }
+        Claim::Acquired { token, .. } => token,
+    };
+
+    let result = body.await;
+    let encoded = match &result {
+        Ok(v) => Some(serde_json::to_vec(&StoredRef::<T, ()>::Ok(v))),
+        Err(e) => H::encode(e),
+    };
+    let complete = |bytes: Vec<u8>| async move {
+        store
+            .complete(Completion {
+                tenant,
+                key,
+                token,
+                result: &bytes,
+                now: idem.clock().now(),
+                ttl,
+            })
+            .await
+    };
+    match encoded {
+        // The body failed and the policy is to release: a corrected retry may run. If the
+        // release itself fails the lease still protects the key, so the tool's error, the more
+        // useful of the two, is what the caller gets.
+        None => {
+            let _ = store.release(tenant, key, token).await;
+        }
+        Some(Err(source)) => {
+            return Err(Error::ResultNotStored {
+                tool: name,
+                key: key.short_hash(),
+                source,
+            });
+        }
+        Some(Ok(bytes)) => {
+            if complete(bytes).await? == Fenced::Lost {
+                return Err(Error::LeaseLost {
+                    tool: name,
+                    key: key.short_hash(),
+                });
+            }
+        }
+    }
+    match result {
+        Ok(v) => Ok(Outcome::Fresh(v)),
+        Err(error) => Err(Error::Tool {
+            error,
+            replayed: false,
+        }),
+    }
+}

@@ -1,0 +1,812 @@
+//! Canonical JSON (RFC 8785, JCS) written straight from any `serde::Serialize` value.
+//!
+//! Fingerprints and key parts must not depend on field order, map order, whitespace or the
+//! `serde_json/preserve_order` feature, so idem never hashes the output of `serde_json`. This
+//! serializer writes the JCS form directly:
+//!
+//! - object members sorted by the UTF-16 code units of their names, no whitespace;
+//! - strings escaped as ECMAScript's `JSON.stringify` does (only `"`, `\` and control characters);
+//! - floating-point numbers in ECMAScript's shortest form (`4.50` → `4.5`, `1E30` → `1e+30`).
+//!
+//! One deliberate strictness beyond JCS: integers are written exactly, in full, instead of being
+//! rounded through an IEEE double. Two different `u64` amounts above 2^53 therefore never share a
+//! fingerprint. Below 2^53 the output is identical to JCS. Non-finite floats (`NaN`, `inf`) and
+//! non-string map keys other than integers are errors: they have no JSON form.
+
+use std::fmt;
+
+use serde::ser::{self, Serialize};
+
+/// Why a value has no canonical JSON form.
+///
+/// The message never contains the value itself: arguments can carry keys or personal data.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CanonicalError {
+    /// A float was `NaN` or infinite; JSON has no such number.
+    #[error("a floating-point value is NaN or infinite, which has no JSON form")]
+    NonFiniteNumber,
+    /// A map key serialized to something other than a string or an integer.
+    #[error("a map key is not a string or an integer, which has no JSON form")]
+    NonStringKey,
+    /// An object has the same member name twice (for example through `#[serde(flatten)]`).
+    #[error("an object has the member `{0}` twice")]
+    DuplicateMember(String),
+    /// The value's own `Serialize` implementation failed.
+    #[error("the value's Serialize implementation failed: {0}")]
+    Custom(String),
+}
+
+impl ser::Error for CanonicalError {
+    fn custom<T: fmt::Display>(msg: T) -> Self {
+        CanonicalError::Custom(msg.to_string())
+    }
+}
+
+/// Writes the canonical JSON of `value`, leaving out the members named by `skip`.
+///
+/// Each entry of `skip` is a path of member names from the top of `value`
+/// (`["sent_at"]`, `["req", "trace_id"]`); a path that names nothing is ignored.
+pub fn to_canonical_json<T: Serialize + ?Sized>(
+    value: &T,
+    skip: &[&[&str]],
+) -> Result<Vec<u8>, CanonicalError> {
+    let mut out = Vec::with_capacity(64);
+    value.serialize(Canon {
+        out: &mut out,
+        skip,
+    })?;
+    Ok(out)
+}
+
+/// An object under construction: members are collected, then written sorted.
+///
+/// Used by the serializer for structs and maps, and by the fingerprint builder for the
+/// argument list of a tool.
+#[derive(Default)]
+pub(crate) struct Members {
+    entries: Vec<(String, Vec<u8>)>,
+}
+
+impl Members {
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Members {
+            entries: Vec::with_capacity(n),
+        }
+    }
+
+    pub(crate) fn push(&mut self, name: String, canonical_value: Vec<u8>) {
+        self.entries.push((name, canonical_value));
+    }
+
+    /// Writes `{"a":…,"b":…}` with members in JCS order.
+    pub(crate) fn write_to(mut self, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
+        self.entries.sort_by(|a, b| compare_utf16(&a.0, &b.0));
+        if let Some(pair) = self.entries.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(CanonicalError::DuplicateMember(pair[0].0.clone()));
+        }
+        out.push(b'{');
+        for (i, (name, value)) in self.entries.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_str(out, name);
+            out.push(b':');
+            out.extend_from_slice(value);
+        }
+        out.push(b'}');
+        Ok(())
+    }
+}
+
+/// JCS orders member names by their UTF-16 code units, which differs from byte order only for
+/// characters outside the Basic Multilingual Plane.
+fn compare_utf16(a: &str, b: &str) -> std::cmp::Ordering {
+    if a.is_ascii() && b.is_ascii() {
+        a.as_bytes().cmp(b.as_bytes())
+    } else {
+        a.encode_utf16().cmp(b.encode_utf16())
+    }
+}
+
+/// Escapes a string as ECMAScript's `JSON.stringify` does.
+pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => &[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[(b >> 4) as usize],
+                HEX[(b & 0xf) as usize],
+            ],
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(escape);
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// The skip paths that continue below member `name`, with `name` taken off their front.
+fn skip_below<'a>(skip: &[&'a [&'a str]], name: &str) -> Vec<&'a [&'a str]> {
+    skip.iter()
+        .filter(|path| path.len() > 1 && path[0] == name)
+        .map(|path| &path[1..])
+        .collect()
+}
+
+/// Whether `skip` leaves out member `name` at this level.
+fn is_skipped(skip: &[&[&str]], name: &str) -> bool {
+    skip.iter().any(|path| path.len() == 1 && path[0] == name)
+}
+
+fn member_value<T: Serialize + ?Sized>(
+    value: &T,
+    name: &str,
+    skip: &[&[&str]],
+) -> Result<Vec<u8>, CanonicalError> {
+    if skip.is_empty() {
+        to_canonical_json(value, &[])
+    } else {
+        to_canonical_json(value, &skip_below(skip, name))
+    }
+}
+
+struct Canon<'a, 's> {
+    out: &'a mut Vec<u8>,
+    skip: &'s [&'s [&'s str]],
+}
+
+impl Canon<'_, '_> {
+    fn write_integer(self, v: impl itoa::Integer) -> Result<(), CanonicalError> {
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+        Ok(())
+    }
+
+    fn write_float(self, v: impl ryu_js::Float + Copy, finite: bool) -> Result<(), CanonicalError> {
+        if !finite {
+            return Err(CanonicalError::NonFiniteNumber);
+        }
+        self.out
+            .extend_from_slice(ryu_js::Buffer::new().format_finite(v).as_bytes());
+        Ok(())
+    }
+
+    /// Opens `{"variant":` for the externally tagged enum forms; the caller closes it.
+    fn open_variant(out: &mut Vec<u8>, variant: &str) {
+        out.push(b'{');
+        write_str(out, variant);
+        out.push(b':');
+    }
+}
+
+impl<'a, 's> ser::Serializer for Canon<'a, 's> {
+    type Ok = ();
+    type Error = CanonicalError;
+    type SerializeSeq = Seq<'a>;
+    type SerializeTuple = Seq<'a>;
+    type SerializeTupleStruct = Seq<'a>;
+    type SerializeTupleVariant = Seq<'a>;
+    type SerializeMap = Object<'a, 's>;
+    type SerializeStruct = Object<'a, 's>;
+    type SerializeStructVariant = Object<'a, 's>;
+
+    fn serialize_bool(self, v: bool) -> Result<(), CanonicalError> {
+        self.out
+            .extend_from_slice(if v { b"true" } else { b"false" });
+        Ok(())
+    }
+    fn serialize_i8(self, v: i8) -> Result<(), CanonicalError> {
+        self.write_integer(v)
+    }
+    fn serialize_i16(self, v: i16) -> Result<(), CanonicalError> {
+        self.write_integer(v)
+    }
+    fn serialize_i32(self, v: i32) -> Result<(), CanonicalError> {
+        self.write_integer(v)
+    }
+    fn serialize_i64(self, v: i64) -> Result<(), CanonicalError> {
+        self.write_integer(v)
+    }
+    fn serialize_i128(self, v: i128) -> Result<(), CanonicalError> {
+        self.write_integer(v)
+    }
+    fn serialize_u8(self, v: u8) -> Result<(), CanonicalError> {
+        self.write_integer(v)
+    }
+    fn serialize_u16(self, v: u16) -> Result<(), CanonicalError> {
+        self.write_integer(v)
+    }
+    fn serialize_u32(self, v: u32) -> Result<(), CanonicalError> {
+        self.write_integer(v)
+    }
+    fn serialize_u64(self, v: u64) -> Result<(), CanonicalError> {
+        self.write_integer(v)
+    }
+    fn serialize_u128(self, v: u128) -> Result<(), CanonicalError> {
+        self.write_integer(v)
+    }
+    fn serialize_f32(self, v: f32) -> Result<(), CanonicalError> {
+        self.write_float(v, v.is_finite())
+    }
+    fn serialize_f64(self, v: f64) -> Result<(), CanonicalError> {
+        self.write_float(v, v.is_finite())
+    }
+    fn serialize_char(self, v: char) -> Result<(), CanonicalError> {
+        write_str(self.out, v.encode_utf8(&mut [0; 4]));
+        Ok(())
+    }
+    fn serialize_str(self, v: &str) -> Result<(), CanonicalError> {
+        write_str(self.out, v);
+        Ok(())
+    }
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), CanonicalError> {
+        use ser::SerializeSeq;
+        let mut seq = self.serialize_seq(Some(v.len()))?;
+        for b in v {
+            seq.serialize_element(b)?;
+        }
+        seq.end()
+    }
+    fn serialize_none(self) -> Result<(), CanonicalError> {
+        self.serialize_unit()
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), CanonicalError> {
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> Result<(), CanonicalError> {
+        self.out.extend_from_slice(b"null");
+        Ok(())
+    }
+    fn serialize_unit_struct(self, _name: &'static str) -> Result<(), CanonicalError> {
+        self.serialize_unit()
+    }
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> Result<(), CanonicalError> {
+        self.serialize_str(variant)
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        value: &T,
+    ) -> Result<(), CanonicalError> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<(), CanonicalError> {
+        Canon::open_variant(self.out, variant);
+        value.serialize(Canon {
+            out: &mut *self.out,
+            skip: &[],
+        })?;
+        self.out.push(b'}');
+        Ok(())
+    }
+    fn serialize_seq(self, _len: Option<usize>) -> Result<Seq<'a>, CanonicalError> {
+        self.out.push(b'[');
+        Ok(Seq {
+            out: self.out,
+            first: true,
+            close_variant: false,
+        })
+    }
+    fn serialize_tuple(self, len: usize) -> Result<Seq<'a>, CanonicalError> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_struct(
+        self,
+        _name: &'static str,
+        len: usize,
+    ) -> Result<Seq<'a>, CanonicalError> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Seq<'a>, CanonicalError> {
+        Canon::open_variant(self.out, variant);
+        self.out.push(b'[');
+        Ok(Seq {
+            out: self.out,
+            first: true,
+            close_variant: true,
+        })
+    }
+    fn serialize_map(self, len: Option<usize>) -> Result<Object<'a, 's>, CanonicalError> {
+        Ok(Object {
+            out: self.out,
+            skip: self.skip,
+            members: Members::with_capacity(len.unwrap_or(0)),
+            pending_key: None,
+            close_variant: false,
+        })
+    }
+    fn serialize_struct(
+        self,
+        _name: &'static str,
+        len: usize,
+    ) -> Result<Object<'a, 's>, CanonicalError> {
+        self.serialize_map(Some(len))
+    }
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        len: usize,
+    ) -> Result<Object<'a, 's>, CanonicalError> {
+        Canon::open_variant(self.out, variant);
+        Ok(Object {
+            out: self.out,
+            skip: &[],
+            members: Members::with_capacity(len),
+            pending_key: None,
+            close_variant: true,
+        })
+    }
+}
+
+struct Seq<'a> {
+    out: &'a mut Vec<u8>,
+    first: bool,
+    close_variant: bool,
+}
+
+impl Seq<'_> {
+    fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), CanonicalError> {
+        if !self.first {
+            self.out.push(b',');
+        }
+        self.first = false;
+        value.serialize(Canon {
+            out: &mut *self.out,
+            skip: &[],
+        })
+    }
+
+    fn finish(self) -> Result<(), CanonicalError> {
+        self.out.push(b']');
+        if self.close_variant {
+            self.out.push(b'}');
+        }
+        Ok(())
+    }
+}
+
+impl ser::SerializeSeq for Seq<'_> {
+    type Ok = ();
+    type Error = CanonicalError;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonicalError> {
+        self.element(v)
+    }
+    fn end(self) -> Result<(), CanonicalError> {
+        self.finish()
+    }
+}
+
+impl ser::SerializeTuple for Seq<'_> {
+    type Ok = ();
+    type Error = CanonicalError;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonicalError> {
+        self.element(v)
+    }
+    fn end(self) -> Result<(), CanonicalError> {
+        self.finish()
+    }
+}
+
+impl ser::SerializeTupleStruct for Seq<'_> {
+    type Ok = ();
+    type Error = CanonicalError;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonicalError> {
+        self.element(v)
+    }
+    fn end(self) -> Result<(), CanonicalError> {
+        self.finish()
+    }
+}
+
+impl ser::SerializeTupleVariant for Seq<'_> {
+    type Ok = ();
+    type Error = CanonicalError;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonicalError> {
+        self.element(v)
+    }
+    fn end(self) -> Result<(), CanonicalError> {
+        self.finish()
+    }
+}
+
+struct Object<'a, 's> {
+    out: &'a mut Vec<u8>,
+    skip: &'s [&'s [&'s str]],
+    members: Members,
+    pending_key: Option<String>,
+    close_variant: bool,
+}
+
+impl Object<'_, '_> {
+    fn member<T: Serialize + ?Sized>(
+        &mut self,
+        name: String,
+        value: &T,
+    ) -> Result<(), CanonicalError> {
+        if is_skipped(self.skip, &name) {
+            return Ok(());
+        }
+        let value = member_value(value, &name, self.skip)?;
+        self.members.push(name, value);
+        Ok(())
+    }
+
+    fn finish(self) -> Result<(), CanonicalError> {
+        self.members.write_to(self.out)?;
+        if self.close_variant {
+            self.out.push(b'}');
+        }
+        Ok(())
+    }
+}
+
+impl ser::SerializeMap for Object<'_, '_> {
+    type Ok = ();
+    type Error = CanonicalError;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), CanonicalError> {
+        self.pending_key = Some(key.serialize(MapKey)?);
+        Ok(())
+    }
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), CanonicalError> {
+        let name = self
+            .pending_key
+            .take()
+            .ok_or_else(|| CanonicalError::Custom("map value without a key".into()))?;
+        self.member(name, v)
+    }
+    fn end(self) -> Result<(), CanonicalError> {
+        self.finish()
+    }
+}
+
+impl ser::SerializeStruct for Object<'_, '_> {
+    type Ok = ();
+    type Error = CanonicalError;
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        name: &'static str,
+        v: &T,
+    ) -> Result<(), CanonicalError> {
+        self.member(name.to_owned(), v)
+    }
+    fn end(self) -> Result<(), CanonicalError> {
+        self.finish()
+    }
+}
+
+impl ser::SerializeStructVariant for Object<'_, '_> {
+    type Ok = ();
+    type Error = CanonicalError;
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        name: &'static str,
+        v: &T,
+    ) -> Result<(), CanonicalError> {
+        self.member(name.to_owned(), v)
+    }
+    fn end(self) -> Result<(), CanonicalError> {
+        self.finish()
+    }
+}
+
+/// Map keys: strings as they are, integers and chars as their decimal / string form
+/// (what `serde_json` does), anything else is an error.
+struct MapKey;
+
+impl MapKey {
+    fn integer(v: impl itoa::Integer) -> Result<String, CanonicalError> {
+        Ok(itoa::Buffer::new().format(v).to_owned())
+    }
+}
+
+impl ser::Serializer for MapKey {
+    type Ok = String;
+    type Error = CanonicalError;
+    type SerializeSeq = ser::Impossible<String, CanonicalError>;
+    type SerializeTuple = ser::Impossible<String, CanonicalError>;
+    type SerializeTupleStruct = ser::Impossible<String, CanonicalError>;
+    type SerializeTupleVariant = ser::Impossible<String, CanonicalError>;
+    type SerializeMap = ser::Impossible<String, CanonicalError>;
+    type SerializeStruct = ser::Impossible<String, CanonicalError>;
+    type SerializeStructVariant = ser::Impossible<String, CanonicalError>;
+
+    fn serialize_str(self, v: &str) -> Result<String, CanonicalError> {
+        Ok(v.to_owned())
+    }
+    fn serialize_char(self, v: char) -> Result<String, CanonicalError> {
+        Ok(v.to_string())
+    }
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> Result<String, CanonicalError> {
+        Ok(variant.to_owned())
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        value: &T,
+    ) -> Result<String, CanonicalError> {
+        value.serialize(self)
+    }
+    fn serialize_i8(self, v: i8) -> Result<String, CanonicalError> {
+        Self::integer(v)
+    }
+    fn serialize_i16(self, v: i16) -> Result<String, CanonicalError> {
+        Self::integer(v)
+    }
+    fn serialize_i32(self, v: i32) -> Result<String, CanonicalError> {
+        Self::integer(v)
+    }
+    fn serialize_i64(self, v: i64) -> Result<String, CanonicalError> {
+        Self::integer(v)
+    }
+    fn serialize_i128(self, v: i128) -> Result<String, CanonicalError> {
+        Self::integer(v)
+    }
+    fn serialize_u8(self, v: u8) -> Result<String, CanonicalError> {
+        Self::integer(v)
+    }
+    fn serialize_u16(self, v: u16) -> Result<String, CanonicalError> {
+        Self::integer(v)
+    }
+    fn serialize_u32(self, v: u32) -> Result<String, CanonicalError> {
+        Self::integer(v)
+    }
+    fn serialize_u64(self, v: u64) -> Result<String, CanonicalError> {
+        Self::integer(v)
+    }
+    fn serialize_u128(self, v: u128) -> Result<String, CanonicalError> {
+        Self::integer(v)
+    }
+    fn serialize_bool(self, _v: bool) -> Result<String, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_f32(self, _v: f32) -> Result<String, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_f64(self, _v: f64) -> Result<String, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_bytes(self, _v: &[u8]) -> Result<String, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_none(self) -> Result<String, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, _value: &T) -> Result<String, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_unit(self) -> Result<String, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_unit_struct(self, _name: &'static str) -> Result<String, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        _index: u32,
+        _variant: &'static str,
+        _value: &T,
+    ) -> Result<String, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_tuple_struct(
+        self,
+        _name: &'static str,
+        _len: usize,
+    ) -> Result<Self::SerializeTupleStruct, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_tuple_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        _variant: &'static str,
+        _len: usize,
+    ) -> Result<Self::SerializeTupleVariant, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_struct(
+        self,
+        _name: &'static str,
+        _len: usize,
+    ) -> Result<Self::SerializeStruct, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        _variant: &'static str,
+        _len: usize,
+    ) -> Result<Self::SerializeStructVariant, CanonicalError> {
+        Err(CanonicalError::NonStringKey)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn canon(v: &serde_json::Value) -> String {
+        String::from_utf8(to_canonical_json(v, &[]).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn rfc8785_section_3_2_2_example() {
+        let input: serde_json::Value = serde_json::from_str(
+            r#"{"numbers":[333333333.33333329,1E30,4.50,2e-3,0.000000000000000000000000001],
+                "string":"\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+                "literals":[null,true,false]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            canon(&input),
+            r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#
+        );
+    }
+
+    #[test]
+    fn rfc8785_sorting_example_orders_by_utf16_code_units() {
+        let input: serde_json::Value = serde_json::from_str(
+            r#"{"\u20ac":"Euro Sign","\r":"Carriage Return","\ufb33":"Hebrew Letter Dalet With Dagesh",
+                "1":"One","\ud83d\ude00":"Emoji: Grinning Face","\u0080":"Control","\u00f6":"Latin Small Letter O With Diaeresis"}"#,
+        )
+        .unwrap();
+        let out = canon(&input);
+        let order: Vec<&str> = ["\\r", "1", "\u{80}", "ö", "€", "😀", "\u{fb33}"].to_vec();
+        let mut last = 0;
+        for name in order {
+            let at = out.find(&format!("\"{name}\":")).expect(name);
+            assert!(at >= last, "{name} out of order in {out}");
+            last = at;
+        }
+    }
+
+    #[test]
+    fn integers_are_exact_beyond_two_to_the_53() {
+        let a = to_canonical_json(&9_007_199_254_740_993_u64, &[]).unwrap();
+        let b = to_canonical_json(&9_007_199_254_740_992_u64, &[]).unwrap();
+        assert_eq!(a, b"9007199254740993");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn float_forms_match_integers_as_jcs_defines() {
+        assert_eq!(to_canonical_json(&1.0_f64, &[]).unwrap(), b"1");
+        assert_eq!(to_canonical_json(&1_u8, &[]).unwrap(), b"1");
+        assert_eq!(to_canonical_json(&-0.0_f64, &[]).unwrap(), b"0");
+        assert_eq!(to_canonical_json(&0.1_f32, &[]).unwrap(), b"0.1");
+    }
+
+    #[test]
+    fn non_finite_floats_are_errors() {
+        assert_eq!(
+            to_canonical_json(&f64::NAN, &[]),
+            Err(CanonicalError::NonFiniteNumber)
+        );
+        assert_eq!(
+            to_canonical_json(&vec![f32::INFINITY], &[]),
+            Err(CanonicalError::NonFiniteNumber)
+        );
+    }
+
+    #[test]
+    fn map_keys_must_be_strings_or_integers() {
+        let mut ints = std::collections::HashMap::new();
+        ints.insert(10_u32, "a");
+        ints.insert(2_u32, "b");
+        assert_eq!(
+            to_canonical_json(&ints, &[]).unwrap(),
+            br#"{"10":"a","2":"b"}"#
+        );
+        let mut tuples = std::collections::BTreeMap::new();
+        tuples.insert((1, 2), "a");
+        assert_eq!(
+            to_canonical_json(&tuples, &[]),
+            Err(CanonicalError::NonStringKey)
+        );
+    }
+
+    #[test]
+    fn skip_paths_leave_out_nested_members_only_where_named() {
+        let v = json!({"req": {"trace_id": "t", "amount": 5}, "trace_id": "kept"});
+        let out = to_canonical_json(&v, &[&["req", "trace_id"]]).unwrap();
+        assert_eq!(out, br#"{"req":{"amount":5},"trace_id":"kept"}"#);
+        let out = to_canonical_json(&v, &[&["trace_id"], &["nothing", "here"]]).unwrap();
+        assert_eq!(out, br#"{"req":{"amount":5,"trace_id":"t"}}"#);
+    }
+
+    #[test]
+    fn enums_use_the_external_tagging_of_serde_json() {
+        #[derive(serde::Serialize)]
+        enum E {
+            Unit,
+            New(u8),
+            Tuple(u8, u8),
+            Struct { b: u8, a: u8 },
+        }
+        let all = vec![E::Unit, E::New(1), E::Tuple(1, 2), E::Struct { b: 2, a: 1 }];
+        assert_eq!(
+            to_canonical_json(&all, &[]).unwrap(),
+            br#"["Unit",{"New":1},{"Tuple":[1,2]},{"Struct":{"a":1,"b":2}}]"#
+        );
+    }
+
+    #[test]
+    fn duplicate_members_are_errors() {
+        #[derive(serde::Serialize)]
+        struct Inner {
+            a: u8,
+        }
+        #[derive(serde::Serialize)]
+        struct Outer {
+            a: u8,
+            #[serde(flatten)]
+            inner: Inner,
+        }
+        assert!(matches!(
+            to_canonical_json(&Outer { a: 1, inner: Inner { a: 2 } }, &[]),
+            Err(CanonicalError::DuplicateMember(name)) if name == "a"
+        ));
+    }
+
+    #[test]
+    fn output_parses_back_to_the_same_document() {
+        let v = json!({"b": [1, 2.5, "x\u{1}y"], "a": {"z": null, "y": true}, "c": "é\"\\"});
+        let out = to_canonical_json(&v, &[]).unwrap();
+        let back: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(back, v);
+        assert_eq!(to_canonical_json(&back, &[]).unwrap(), out);
+    }
+}

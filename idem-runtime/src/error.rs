@@ -1,0 +1,387 @@
+//! Errors of idempotent calls, of stores and of opening a runtime.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use crate::canonical::CanonicalError;
+use crate::key::{InvalidKey, KeyHash};
+
+/// The error of a call of an `#[idempotent]` tool: `E` is the tool's own error type.
+///
+/// Every variant but [`Error::Tool`] means the tool body did **not** run during this call,
+/// except [`Error::LeaseLost`] and [`Error::ResultNotStored`], which say that it ran but its
+/// result could not be recorded. No message contains a raw key or argument value.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error<E> {
+    /// The tool returned an error. `replayed` is true when this is the stored error of an earlier
+    /// call (`on_error = "store"`), false when the body just ran.
+    Tool {
+        /// The tool's error.
+        error: E,
+        /// Whether it was replayed from the store.
+        replayed: bool,
+    },
+    /// The store failed or could not be reached; the call fails closed.
+    Store(StoreError),
+    /// A key part was refused before the store was touched.
+    InvalidKey {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// The key part, as declared in `key = "…"`.
+        part: &'static str,
+        /// What is wrong with it.
+        reason: InvalidKey,
+    },
+    /// The tool requires a key (`required`) and the caller passed `None`.
+    MissingKey {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// The key part that was `None`.
+        part: &'static str,
+    },
+    /// The tenant of the scope is empty or longer than 255 bytes.
+    InvalidTenant {
+        /// The tool's stable name.
+        tool: &'static str,
+    },
+    /// The arguments have no canonical JSON form (a `NaN`, a map with non-string keys, …).
+    Unfingerprintable {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// Why.
+        source: CanonicalError,
+    },
+    /// No idem runtime is in scope: neither `Scope::run` nor `Idem::install` was used.
+    NoRuntime {
+        /// The tool's stable name.
+        tool: &'static str,
+    },
+    /// The body ran, but its lease lapsed meanwhile and another call took the key over; this
+    /// result was not stored (the new owner's is).
+    LeaseLost {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// Short hash of the key.
+        key: KeyHash,
+    },
+    /// The body ran, but its result could not be encoded for the store; the key stays claimed
+    /// until its lease lapses.
+    ResultNotStored {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// Short hash of the key.
+        key: KeyHash,
+        /// The encoding error.
+        source: serde_json::Error,
+    },
+    /// The stored result of an earlier call could not be decoded into the tool's return type
+    /// (the type changed since it was stored).
+    StoredResultUnreadable {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// Short hash of the key.
+        key: KeyHash,
+        /// The decoding error.
+        source: serde_json::Error,
+    },
+}
+
+impl<E> Error<E> {
+    /// The tool's own error, if this is one.
+    pub fn tool_error(&self) -> Option<&E> {
+        match self {
+            Error::Tool { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// The tool's own error, if this is one.
+    pub fn into_tool_error(self) -> Option<E> {
+        match self {
+            Error::Tool { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// Whether the tool body may have run during this call.
+    pub fn body_ran(&self) -> bool {
+        matches!(
+            self,
+            Error::Tool {
+                replayed: false,
+                ..
+            } | Error::LeaseLost { .. }
+                | Error::ResultNotStored { .. }
+        )
+    }
+
+    /// Whether this is a store failure (retrying later with the same key is safe).
+    pub fn is_store(&self) -> bool {
+        matches!(self, Error::Store(_))
+    }
+
+    /// Changes the tool's error type; every other variant is kept.
+    pub fn map_tool<F>(self, f: impl FnOnce(E) -> F) -> Error<F> {
+        match self {
+            Error::Tool { error, replayed } => Error::Tool {
+                error: f(error),
+                replayed,
+            },
+            Error::Store(e) => Error::Store(e),
+            Error::InvalidKey { tool, part, reason } => Error::InvalidKey { tool, part, reason },
+            Error::MissingKey { tool, part } => Error::MissingKey { tool, part },
+            Error::InvalidTenant { tool } => Error::InvalidTenant { tool },
+            Error::Unfingerprintable { tool, source } => Error::Unfingerprintable { tool, source },
+            Error::NoRuntime { tool } => Error::NoRuntime { tool },
+            Error::LeaseLost { tool, key } => Error::LeaseLost { tool, key },
+            Error::ResultNotStored { tool, key, source } => {
+                Error::ResultNotStored { tool, key, source }
+            }
+            Error::StoredResultUnreadable { tool, key, source } => {
+                Error::StoredResultUnreadable { tool, key, source }
+            }
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for Error<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Tool {
+                error,
+                replayed: false,
+            } => fmt::Display::fmt(error, f),
+            Error::Tool {
+                error,
+                replayed: true,
+            } => write!(f, "{error} (replayed from the first call)"),
+            Error::Store(e) => fmt::Display::fmt(e, f),
+            Error::InvalidKey { tool, part, reason } => {
+                write!(f, "tool `{tool}`: key part `{part}` is invalid: {reason}")
+            }
+            Error::MissingKey { tool, part } => write!(
+                f,
+                "tool `{tool}` requires an idempotency key, but `{part}` is None"
+            ),
+            Error::InvalidTenant { tool } => {
+                write!(f, "tool `{tool}`: the tenant must be 1 to 255 bytes long")
+            }
+            Error::Unfingerprintable { tool, .. } => {
+                write!(f, "tool `{tool}`: the arguments cannot be fingerprinted")
+            }
+            Error::NoRuntime { tool } => write!(
+                f,
+                "tool `{tool}` was called with no idem runtime in scope; \
+                 use `idem.scope(tenant).run(…)` or `idem.install(tenant)`"
+            ),
+            Error::LeaseLost { tool, key } => write!(
+                f,
+                "tool `{tool}` (key {key}): the lease lapsed while the body ran and another \
+                 call took over; this result was not stored"
+            ),
+            Error::ResultNotStored { tool, key, .. } => write!(
+                f,
+                "tool `{tool}` (key {key}): the body ran but its result could not be encoded"
+            ),
+            Error::StoredResultUnreadable { tool, key, .. } => write!(
+                f,
+                "tool `{tool}` (key {key}): the stored result does not decode into the \
+                 tool's return type"
+            ),
+        }
+    }
+}
+
+impl<E: StdError + 'static> StdError for Error<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Error::Tool { error, .. } => error.source(),
+            Error::Store(e) => e.source(),
+            Error::InvalidKey { reason, .. } => Some(reason),
+            Error::Unfingerprintable { source, .. } => Some(source),
+            Error::ResultNotStored { source, .. }
+            | Error::StoredResultUnreadable { source, .. } => Some(source),
+            Error::MissingKey { .. }
+            | Error::InvalidTenant { .. }
+            | Error::NoRuntime { .. }
+            | Error::LeaseLost { .. } => None,
+        }
+    }
+}
+
+impl<E> From<StoreError> for Error<E> {
+    fn from(e: StoreError) -> Self {
+        Error::Store(e)
+    }
+}
+
+/// What went wrong in a store, coarsely, for deciding what to do about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store cannot be reached or opened (connection refused, file not writable).
+    Unavailable,
+    /// The store did not answer in time (a lock held too long, a slow server).
+    Timeout,
+    /// The schema is missing, damaged, or newer than this build understands.
+    Schema,
+    /// A record in the store cannot be read back.
+    Corrupt,
+    /// The store is shutting down or its worker is gone.
+    Closed,
+    /// Anything else the driver reported.
+    Other,
+}
+
+/// A store failure: which backend, what kind, and the driver's error as its `source()`.
+///
+/// The message names the backend and the operation, never a key.
+#[derive(Debug)]
+pub struct StoreError {
+    backend: &'static str,
+    kind: StoreErrorKind,
+    message: String,
+    source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl StoreError {
+    /// A store error with a message and no underlying cause.
+    pub fn new(backend: &'static str, kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        StoreError {
+            backend,
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A store error caused by a driver error (kept as `source()`).
+    pub fn with_source(
+        backend: &'static str,
+        kind: StoreErrorKind,
+        message: impl Into<String>,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
+        StoreError {
+            backend,
+            kind,
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// The backend that failed: `memory`, `sqlite`, ….
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} store: {}", self.backend, self.message)
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// Why [`Idem::open`](crate::Idem::open) could not open a store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The URL is malformed or has an unknown option.
+    #[error("store URL `{url}` is malformed: {reason}")]
+    InvalidUrl {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No backend for that scheme in this build.
+    #[error("store scheme `{scheme}` is not supported by this build; available: {available}")]
+    UnsupportedScheme {
+        /// The scheme that was asked for.
+        scheme: String,
+        /// The schemes this build supports.
+        available: &'static str,
+    },
+    /// The backend failed to open.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The URL with the password of its user-info part (`user:password@`) replaced by `***`.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_passwords() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/idem?x=1"),
+            "postgres://app:***@db:5432/idem?x=1"
+        );
+        assert_eq!(redact_url("sqlite://idem.db"), "sqlite://idem.db");
+        assert_eq!(redact_url("redis://user@h/0"), "redis://user@h/0");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("card declined")]
+    struct Declined;
+
+    #[test]
+    fn tool_errors_show_through_and_say_when_replayed() {
+        let fresh: Error<Declined> = Error::Tool {
+            error: Declined,
+            replayed: false,
+        };
+        assert_eq!(fresh.to_string(), "card declined");
+        assert!(fresh.body_ran());
+        let replay: Error<Declined> = Error::Tool {
+            error: Declined,
+            replayed: true,
+        };
+        assert_eq!(
+            replay.to_string(),
+            "card declined (replayed from the first call)"
+        );
+        assert!(!replay.body_ran());
+    }
+
+    #[test]
+    fn store_errors_keep_the_cause_in_source_only() {
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        let e = StoreError::with_source("sqlite", StoreErrorKind::Unavailable, "cannot open", io);
+        assert_eq!(e.to_string(), "sqlite store: cannot open");
+        assert_eq!(e.source().unwrap().to_string(), "denied");
+        assert_eq!(e.kind(), StoreErrorKind::Unavailable);
+        let wrapped: Error<Declined> = e.into();
+        assert!(wrapped.is_store() && !wrapped.body_ran());
+    }
+}

@@ -1,0 +1,202 @@
+//! Fingerprints: SHA-256 of the RFC 8785 canonical JSON of a tool's arguments.
+//!
+//! A retry with the same key must carry the same arguments; the fingerprint is how the store
+//! tells. It is computed from canonical JSON (see [`crate::canonical`]) so that member order,
+//! whitespace and `serde_json` features cannot turn a faithful retry into a mismatch, and with
+//! declared volatile fields left out (`skip = "sent_at"`), so that a timestamp injected by a client
+//! library does not either.
+
+use std::fmt;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::canonical::{CanonicalError, Members, to_canonical_json};
+
+/// SHA-256 of the canonical JSON of a tool's arguments.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// Rebuilds a fingerprint from the 32 bytes a store kept.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Fingerprint(bytes)
+    }
+
+    /// The 32 bytes stores keep.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The only hash of canonical bytes: every fingerprint goes through here.
+    fn of_canonical(canonical: &[u8]) -> Self {
+        Fingerprint(Sha256::digest(canonical).into())
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "…)")
+    }
+}
+
+/// The fingerprint of one value: SHA-256 of its canonical JSON, with `skip` paths left out.
+pub fn fingerprint<T: Serialize + ?Sized>(
+    value: &T,
+    skip: &[&[&str]],
+) -> Result<Fingerprint, CanonicalError> {
+    Ok(Fingerprint::of_canonical(&to_canonical_json(value, skip)?))
+}
+
+/// Builds the fingerprint of a tool's argument list, one named argument at a time.
+///
+/// The result equals [`fingerprint`] of a JSON object whose members are the arguments: tools
+/// with the same arguments agree, whatever order the parameters are declared in.
+#[must_use]
+pub struct ArgsFingerprint<'s> {
+    skip: &'s [&'s [&'s str]],
+    members: Members,
+    error: Option<CanonicalError>,
+}
+
+impl<'s> ArgsFingerprint<'s> {
+    /// Starts an empty argument list; `skip` paths start with an argument name.
+    pub fn new(skip: &'s [&'s [&'s str]]) -> Self {
+        ArgsFingerprint {
+            skip,
+            members: Members::with_capacity(4),
+            error: None,
+        }
+    }
+
+    /// Adds one argument under its parameter name.
+    pub fn arg<T: Serialize + ?Sized>(mut self, name: &str, value: &T) -> Self {
+        if self.error.is_some() || self.skip.iter().any(|p| p.len() == 1 && p[0] == name) {
+            return self;
+        }
+        let below: Vec<&[&str]> = self
+            .skip
+            .iter()
+            .filter(|p| p.len() > 1 && p[0] == name)
+            .map(|p| &p[1..])
+            .collect();
+        match to_canonical_json(value, &below) {
+            Ok(bytes) => self.members.push(name.to_owned(), bytes),
+            Err(e) => self.error = Some(e),
+        }
+        self
+    }
+
+    /// The fingerprint of the arguments added so far.
+    pub fn finish(self) -> Result<Fingerprint, CanonicalError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let mut out = Vec::with_capacity(128);
+        self.members.write_to(&mut out)?;
+        Ok(Fingerprint::of_canonical(&out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn hex(fp: Fingerprint) -> String {
+        fp.as_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Golden vectors: each is `sha256` of the canonical text, so anyone can check them with
+    /// `printf '%s' '{"a":1}' | sha256sum`. A release that changes one turns every faithful
+    /// retry into a mismatch: do not update them.
+    #[test]
+    fn golden_vectors_are_pinned() {
+        let cases: [(serde_json::Value, &str); 4] = [
+            (
+                json!({"b": 2, "a": 1}),
+                "43258cff783fe7036d8a43033f830adfc60ec037382473548ac742b888292777",
+            ),
+            (
+                json!({"customer": "cus_42", "amount_cents": 500, "run_id": "r-9", "step_id": "3"}),
+                GOLDEN_PAYMENT,
+            ),
+            (
+                json!({"numbers": [4.50, 1e30, 2e-3], "s": "€\n"}),
+                GOLDEN_NUMBERS,
+            ),
+            (
+                json!([]),
+                "4f53cda18c2baa0c0354bb5f9a3ecbe5ed12ab4d8e11ba873c2f11161202b945",
+            ),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(hex(fingerprint(&value, &[]).unwrap()), expected, "{value}");
+        }
+    }
+
+    const GOLDEN_PAYMENT: &str = "d6b69b9788551d2fbfd7e6e475113eb754fd48bbd989961bdec199c716bb9280";
+    const GOLDEN_NUMBERS: &str = "18149aa41f08001b8c5adf98508743138b67cdb01cd54ac6384817b4c5472e4a";
+
+    #[test]
+    fn args_builder_equals_the_fingerprint_of_the_object() {
+        let built = ArgsFingerprint::new(&[])
+            .arg("step_id", "3")
+            .arg("run_id", "r-9")
+            .arg("amount_cents", &500_u64)
+            .arg("customer", "cus_42")
+            .finish()
+            .unwrap();
+        assert_eq!(hex(built), GOLDEN_PAYMENT);
+    }
+
+    #[test]
+    fn skipped_arguments_and_fields_do_not_count() {
+        let skip: &[&[&str]] = &[&["sent_at"], &["req", "trace_id"]];
+        let a = ArgsFingerprint::new(skip)
+            .arg("req", &json!({"amount": 5, "trace_id": "t-1"}))
+            .arg("sent_at", &1_700_000_000_u64)
+            .finish()
+            .unwrap();
+        let b = ArgsFingerprint::new(skip)
+            .arg("req", &json!({"amount": 5, "trace_id": "t-2"}))
+            .arg("sent_at", &1_800_000_000_u64)
+            .finish()
+            .unwrap();
+        let c = ArgsFingerprint::new(skip)
+            .arg("req", &json!({"amount": 6, "trace_id": "t-1"}))
+            .finish()
+            .unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn an_unserializable_argument_is_an_error() {
+        let r = ArgsFingerprint::new(&[])
+            .arg("ratio", &f64::NAN)
+            .arg("x", &1)
+            .finish();
+        assert_eq!(r, Err(CanonicalError::NonFiniteNumber));
+    }
+
+    #[test]
+    fn fingerprints_ignore_insertion_order_with_or_without_preserve_order() {
+        // With `--features __preserve_order` serde_json keeps insertion order in `Value`;
+        // canonical JSON sorts anyway. CI runs this file both ways.
+        let mut m1 = serde_json::Map::new();
+        m1.insert("z".into(), json!(1));
+        m1.insert("a".into(), json!({"y": 2, "b": 3}));
+        let mut m2 = serde_json::Map::new();
+        m2.insert("a".into(), json!({"b": 3, "y": 2}));
+        m2.insert("z".into(), json!(1));
+        assert_eq!(
+            fingerprint(&m1, &[]).unwrap(),
+            fingerprint(&m2, &[]).unwrap()
+        );
+    }
+}

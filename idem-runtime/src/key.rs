@@ -1,0 +1,256 @@
+//! Idempotency keys: the one derivation function and the validation of client-supplied keys.
+//!
+//! A key names one *intent*: tenant + tool name + the declared key parts, in order. The parts are
+//! written in canonical JSON, every field is length-prefixed, and the whole is hashed with
+//! SHA-256, so that no two different tuples can collide by concatenation (`("ab", "c")` and
+//! `("a", "bc")` give different keys). Stores keep only the digest; logs, metrics and errors show
+//! only [`IdempotencyKey::short_hash`]. The raw parts never leave the call.
+
+use std::fmt;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::canonical::{CanonicalError, to_canonical_json};
+
+/// Longest client-supplied key string, in bytes (Stripe's and the IETF draft's limit).
+pub const MAX_KEY_STRING_LEN: usize = 255;
+
+/// The derived identity of one intent: SHA-256 over tenant, tool name and key parts.
+///
+/// Its `Debug` and `Display` show only a short prefix of the digest, so a key can be logged safely.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdempotencyKey([u8; 32]);
+
+impl IdempotencyKey {
+    /// Rebuilds a key from the 32 bytes a store kept.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        IdempotencyKey(bytes)
+    }
+
+    /// The 32 bytes stores keep.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The first 12 hex digits of the digest: enough to find a record, safe to log.
+    pub fn short_hash(&self) -> KeyHash {
+        KeyHash(self.0[..6].try_into().expect("6 bytes"))
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IdempotencyKey({})", self.short_hash())
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.short_hash(), f)
+    }
+}
+
+/// A short, loggable hash of an [`IdempotencyKey`] (12 hex digits).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyHash([u8; 6]);
+
+impl fmt::Display for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyHash({self})")
+    }
+}
+
+impl Serialize for KeyHash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// One key part in canonical form, ready for [`derive_key`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyPart(Vec<u8>);
+
+impl fmt::Debug for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyPart(..)")
+    }
+}
+
+impl KeyPart {
+    /// Canonicalizes one key part value.
+    ///
+    /// A part that serializes to a string must be a valid key string (see [`validate_key_string`]):
+    /// 1 to 255 visible ASCII characters. Other values (numbers, UUIDs, small structs) are taken in
+    /// their canonical JSON form.
+    pub fn new<T: Serialize + ?Sized>(value: &T) -> Result<Self, InvalidKey> {
+        let canonical = to_canonical_json(value, &[]).map_err(InvalidKey::Unserializable)?;
+        if canonical.first() == Some(&b'"') {
+            let inner = &canonical[1..canonical.len() - 1];
+            if inner.contains(&b'\\') {
+                // Escapes only come from `"`, `\` or control characters: decode to check.
+                let text: String = serde_json::from_slice(&canonical).map_err(|e| {
+                    InvalidKey::Unserializable(CanonicalError::Custom(e.to_string()))
+                })?;
+                validate_key_string(&text)?;
+            } else {
+                validate_key_bytes(inner)?;
+            }
+        }
+        Ok(KeyPart(canonical))
+    }
+}
+
+/// Why a key (or one of its parts) was refused before the store was touched.
+///
+/// Messages describe the problem, never the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidKey {
+    /// The key string is empty.
+    #[error("the key is empty")]
+    Empty,
+    /// The key string is longer than [`MAX_KEY_STRING_LEN`] bytes.
+    #[error("the key is {len} bytes long; at most 255 are allowed")]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The key string has a byte that is not visible ASCII (`!` to `~`).
+    #[error("the key has a character that is not visible ASCII at byte {position}")]
+    InvalidCharacter {
+        /// Byte offset of the first offending character.
+        position: usize,
+    },
+    /// The key part has no canonical JSON form.
+    #[error("the key part cannot be canonicalized: {0}")]
+    Unserializable(CanonicalError),
+}
+
+/// Checks a client-supplied key string: 1 to 255 visible ASCII characters (`!` to `~`).
+///
+/// This is the syntax of Stripe's keys and of the IETF `Idempotency-Key` draft; UUIDs,
+/// `req-…` identifiers and `run_id:step_id` pairs all pass.
+pub fn validate_key_string(key: &str) -> Result<(), InvalidKey> {
+    validate_key_bytes(key.as_bytes())
+}
+
+fn validate_key_bytes(key: &[u8]) -> Result<(), InvalidKey> {
+    if key.is_empty() {
+        return Err(InvalidKey::Empty);
+    }
+    if key.len() > MAX_KEY_STRING_LEN {
+        return Err(InvalidKey::TooLong { len: key.len() });
+    }
+    match key.iter().position(|b| !(0x21..=0x7e).contains(b)) {
+        Some(position) => Err(InvalidKey::InvalidCharacter { position }),
+        None => Ok(()),
+    }
+}
+
+/// Derives the key of an intent. This is the only place keys are made.
+pub fn derive_key(tenant: &str, tool: &str, parts: &[KeyPart]) -> IdempotencyKey {
+    let mut h = Sha256::new();
+    h.update(b"idem/key/v1\0");
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    field(tenant.as_bytes());
+    field(tool.as_bytes());
+    field(&(parts.len() as u64).to_be_bytes());
+    for part in parts {
+        field(&part.0);
+    }
+    IdempotencyKey(h.finalize().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(s: &str) -> KeyPart {
+        KeyPart::new(s).unwrap()
+    }
+
+    #[test]
+    fn key_strings_are_one_to_255_visible_ascii() {
+        assert_eq!(validate_key_string(""), Err(InvalidKey::Empty));
+        assert!(validate_key_string("req-8e1f0c2a-5b3d-4f6e-9a7b-1c2d3e4f5a6b").is_ok());
+        assert!(validate_key_string(&"k".repeat(255)).is_ok());
+        assert_eq!(
+            validate_key_string(&"k".repeat(256)),
+            Err(InvalidKey::TooLong { len: 256 })
+        );
+        assert_eq!(
+            validate_key_string("run 9"),
+            Err(InvalidKey::InvalidCharacter { position: 3 })
+        );
+        assert_eq!(
+            validate_key_string("señal"),
+            Err(InvalidKey::InvalidCharacter { position: 2 })
+        );
+        assert_eq!(
+            validate_key_string("a\0"),
+            Err(InvalidKey::InvalidCharacter { position: 1 })
+        );
+    }
+
+    #[test]
+    fn string_parts_are_validated_other_values_are_not() {
+        assert_eq!(KeyPart::new(""), Err(InvalidKey::Empty));
+        assert!(KeyPart::new(&42_u64).is_ok());
+        assert!(
+            KeyPart::new(&("a b", 1)).is_ok(),
+            "only top-level strings are key strings"
+        );
+    }
+
+    #[test]
+    fn derivation_is_injective_over_boundaries() {
+        let a = derive_key("t", "tool", &[part("ab"), part("c")]);
+        let b = derive_key("t", "tool", &[part("a"), part("bc")]);
+        let c = derive_key("tt", "ool", &[part("ab"), part("c")]);
+        let d = derive_key("t", "tool", &[part("c"), part("ab")]);
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a, d);
+        assert_eq!(a, derive_key("t", "tool", &[part("ab"), part("c")]));
+    }
+
+    #[test]
+    fn numbers_and_strings_with_the_same_digits_are_different_parts() {
+        let n = derive_key("t", "tool", &[KeyPart::new(&42).unwrap()]);
+        let s = derive_key("t", "tool", &[part("42")]);
+        assert_ne!(n, s);
+    }
+
+    #[test]
+    fn golden_key_is_pinned() {
+        // A release that changes this value orphans every stored key: do not update it lightly.
+        let key = derive_key(
+            "tenant-a",
+            "payments.register",
+            &[part("r-9"), part("step-3")],
+        );
+        assert_eq!(key.short_hash().to_string(), GOLDEN_KEY_PREFIX);
+    }
+
+    const GOLDEN_KEY_PREFIX: &str = "6d4ced499334";
+
+    #[test]
+    fn display_never_shows_the_parts() {
+        let key = derive_key("tenant-a", "tool", &[part("secret-run-id")]);
+        assert!(!format!("{key} {key:?}").contains("secret"));
+        assert_eq!(key.to_string().len(), 12);
+    }
+}

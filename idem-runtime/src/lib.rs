@@ -1,0 +1,64 @@
+//! The runtime of [idem](https://docs.rs/idem): keys, fingerprints, outcomes, stores and the
+//! tool registry. Users depend on the `idem` facade, which re-exports this crate and the
+//! `#[idempotent]` attribute; this crate's docs describe the machinery.
+//!
+//! ```
+//! use idem_runtime::{Idem, Outcome, derive_key, fingerprint};
+//! use idem_runtime::key::KeyPart;
+//!
+//! // The same intent always derives the same key; the raw parts never leave the call.
+//! let parts = [KeyPart::new("run-9").unwrap(), KeyPart::new("step-3").unwrap()];
+//! let key = derive_key("tenant-a", "payments.register", &parts);
+//! assert_eq!(key.to_string().len(), 12); // only a short hash is ever shown
+//!
+//! // Fingerprints do not depend on member order.
+//! let a = fingerprint(&serde_json::json!({"amount": 500, "customer": "c"}), &[]).unwrap();
+//! let b = fingerprint(&serde_json::json!({"customer": "c", "amount": 500}), &[]).unwrap();
+//! assert_eq!(a, b);
+//! ```
+
+pub mod canonical;
+pub mod clock;
+mod error;
+pub mod fingerprint;
+pub mod key;
+mod outcome;
+pub mod registry;
+mod runtime;
+pub mod store;
+
+#[doc(hidden)]
+pub mod __private;
+
+pub use error::{Error, OpenError, StoreError, StoreErrorKind};
+pub use fingerprint::{Fingerprint, fingerprint};
+pub use key::{IdempotencyKey, InvalidKey, KeyHash, derive_key, validate_key_string};
+pub use outcome::{InFlight, Mismatch, Outcome};
+pub use registry::audit;
+pub use runtime::{DEFAULT_LEASE, DEFAULT_TTL, Idem, IdemBuilder, Scope};
+
+/// The return type of an `#[idempotent]` tool: a `Result<T, E>` (or an alias of one).
+///
+/// The attribute rewrites `-> Result<T, E>` to `-> Result<Outcome<T>, idem::Error<E>>`; for an
+/// alias such as `anyhow::Result<T>` it uses this trait to name `T` and `E`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a `Result`: an `#[idempotent]` tool must return `Result<T, E>`",
+    label = "return `Result<T, E>` here",
+    note = "the error type decides what happens to the claim when the tool fails"
+)]
+pub trait ToolResult: sealed::Sealed {
+    /// The success value.
+    type Ok;
+    /// The error.
+    type Err;
+}
+
+impl<T, E> ToolResult for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<T, E> Sealed for Result<T, E> {}
+}

@@ -1,0 +1,278 @@
+//! The runtime handle: which store, which defaults, which tenant.
+
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{OpenError, StoreError, redact_url};
+use crate::store::memory::MemoryStore;
+use crate::store::{Store, StoreHealth};
+
+/// Default time a record lives: 24 hours, Stripe's minimum and the IETF draft's example.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Default lease of an in-flight call: after it, a retry may take an orphaned call over.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// The schemes [`Idem::open`] accepts in this build.
+#[cfg(feature = "sqlite")]
+const SCHEMES: &str = "memory://, sqlite://PATH";
+#[cfg(not(feature = "sqlite"))]
+const SCHEMES: &str = "memory:// (enable the `sqlite` feature for sqlite://PATH)";
+
+/// The idem runtime: a store and the defaults of every call. Cheap to clone.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), idem_runtime::OpenError> {
+/// let idem = idem_runtime::Idem::open("sqlite://idem.db").await?;
+/// let tenant = idem.scope("tenant-a");
+/// // tenant.run(register_payment(…)).await
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Idem {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    ttl: Duration,
+    lease: Duration,
+    retry_window: Duration,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Idem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idem")
+            .field("store", &self.inner.store.backend())
+            .field("ttl", &self.inner.ttl)
+            .field("lease", &self.inner.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Idem {
+    /// Opens the store named by `url` with default settings:
+    /// `memory://` or `sqlite://PATH` (see [`IdemBuilder::open`]).
+    pub async fn open(url: &str) -> Result<Idem, OpenError> {
+        Idem::builder().open(url).await
+    }
+
+    /// A builder for other TTL, lease, retry window or clock.
+    pub fn builder() -> IdemBuilder {
+        IdemBuilder {
+            ttl: DEFAULT_TTL,
+            lease: DEFAULT_LEASE,
+            retry_window: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// A runtime over a store you built yourself (any [`Store`] implementation).
+    pub fn with_store(store: impl Store + 'static) -> Idem {
+        Idem::builder().build(store)
+    }
+
+    /// The calls of `tenant`: run tool calls inside [`Scope::run`].
+    ///
+    /// Every record is looked up by tenant + key, so two tenants using the same key never see
+    /// each other's results.
+    pub fn scope(&self, tenant: impl Into<Arc<str>>) -> Scope {
+        Scope {
+            idem: self.clone(),
+            tenant: tenant.into(),
+        }
+    }
+
+    /// Makes `tenant` on this runtime the process-wide default, used by calls outside any
+    /// [`Scope::run`]. Replaces an earlier default.
+    pub fn install(&self, tenant: impl Into<Arc<str>>) {
+        let scope = self.scope(tenant);
+        *INSTALLED.write().unwrap_or_else(|e| e.into_inner()) = Some(scope);
+    }
+
+    /// Removes the process-wide default set by [`Idem::install`].
+    pub fn uninstall() {
+        *INSTALLED.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The store.
+    pub fn store(&self) -> &dyn Store {
+        &*self.inner.store
+    }
+
+    /// Default record lifetime of tools that declare no `ttl`.
+    pub fn default_ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// Default lease of tools that declare no `lease`.
+    pub fn default_lease(&self) -> Duration {
+        self.inner.lease
+    }
+
+    /// How long agents may retry a call; the audit warns about tools whose TTL is shorter.
+    pub fn retry_window(&self) -> Duration {
+        self.inner.retry_window
+    }
+
+    /// The clock leases and TTLs are measured with.
+    pub fn clock(&self) -> &dyn Clock {
+        &*self.inner.clock
+    }
+
+    /// Checks the store: reachable, schema current, durability.
+    pub async fn health(&self) -> Result<StoreHealth, StoreError> {
+        self.inner.store.health().await
+    }
+
+    /// Deletes records past their TTL, `batch` at a time, until none is left; returns how many.
+    pub async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
+        let batch = batch.max(1);
+        let now = self.inner.clock.now();
+        let mut total = 0;
+        loop {
+            let n = self.inner.store.purge_expired(now, batch).await?;
+            total += n;
+            if n < batch {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+/// Settings of an [`Idem`] runtime.
+#[must_use]
+pub struct IdemBuilder {
+    ttl: Duration,
+    lease: Duration,
+    retry_window: Option<Duration>,
+    clock: Arc<dyn Clock>,
+}
+
+impl IdemBuilder {
+    /// Default record lifetime (24 h unless set); tools may declare their own `ttl`.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Default lease (30 s unless set); tools may declare their own `lease`.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long your agents may retry a call (defaults to the TTL). The audit warns about every
+    /// tool whose TTL is shorter: a retry after its TTL would run the body again.
+    pub fn retry_window(mut self, window: Duration) -> Self {
+        self.retry_window = Some(window);
+        self
+    }
+
+    /// The clock (the system clock unless set).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// A runtime over `store`.
+    pub fn build(self, store: impl Store + 'static) -> Idem {
+        Idem {
+            inner: Arc::new(Inner {
+                store: Arc::new(store),
+                ttl: self.ttl,
+                lease: self.lease,
+                retry_window: self.retry_window.unwrap_or(self.ttl),
+                clock: self.clock,
+            }),
+        }
+    }
+
+    /// Opens the store named by `url`:
+    ///
+    /// - `memory://`: in process memory, forgotten on exit (tests, demos);
+    /// - `sqlite://PATH[?synchronous=full|normal&busy_timeout_ms=N]`: a file, created if missing
+    ///   (`sqlite://idem.db` is relative to the working directory, `sqlite:///var/lib/idem.db`
+    ///   absolute).
+    pub async fn open(self, url: &str) -> Result<Idem, OpenError> {
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(OpenError::InvalidUrl {
+                url: redact_url(url),
+                reason: "expected `scheme://…`, e.g. `sqlite://idem.db` or `memory://`".into(),
+            });
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            "memory" if rest.is_empty() => Ok(self.build(MemoryStore::new())),
+            "memory" => Err(OpenError::InvalidUrl {
+                url: redact_url(url),
+                reason: "`memory://` takes nothing after the scheme".into(),
+            }),
+            #[cfg(feature = "sqlite")]
+            "sqlite" => {
+                use crate::store::sqlite::{SqliteOptions, SqliteStore};
+                let options =
+                    SqliteOptions::from_url_rest(rest).map_err(|reason| OpenError::InvalidUrl {
+                        url: redact_url(url),
+                        reason,
+                    })?;
+                let store = tokio::task::spawn_blocking(move || SqliteStore::open(options))
+                    .await
+                    .map_err(|_| {
+                        StoreError::new(
+                            "sqlite",
+                            crate::error::StoreErrorKind::Unavailable,
+                            "opening the file panicked",
+                        )
+                    })??;
+                Ok(self.build(store))
+            }
+            other => Err(OpenError::UnsupportedScheme {
+                scheme: other.to_owned(),
+                available: SCHEMES,
+            }),
+        }
+    }
+}
+
+/// A runtime bound to a tenant: the context tool calls run in.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    idem: Idem,
+    tenant: Arc<str>,
+}
+
+tokio::task_local! {
+    static CURRENT: Scope;
+}
+
+static INSTALLED: RwLock<Option<Scope>> = RwLock::new(None);
+
+impl Scope {
+    /// Runs `fut` (typically one or more tool calls) with this scope as the current one.
+    ///
+    /// The scope is task-local: a task spawned inside `fut` does not inherit it; wrap the spawned
+    /// future in `scope.run(…)` too.
+    pub async fn run<F: Future>(&self, fut: F) -> F::Output {
+        CURRENT.scope(self.clone(), fut).await
+    }
+
+    /// The tenant.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// The runtime.
+    pub fn idem(&self) -> &Idem {
+        &self.idem
+    }
+
+    /// The scope of the running task, else the installed default, else `None`.
+    pub fn current() -> Option<Scope> {
+        CURRENT
+            .try_with(Scope::clone)
+            .ok()
+            .or_else(|| INSTALLED.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+}

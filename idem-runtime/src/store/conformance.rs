@@ -1,0 +1,515 @@
+//! The store contract as executable checks, run against every backend.
+//!
+//! A backend's test file only says how to build the store:
+//!
+//! ```ignore
+//! idem_runtime::store_conformance_tests!(async { MyStore::connect("…").await.unwrap() });
+//! ```
+//!
+//! Each check uses tenants of its own (`conformance-<uuid>`), so the checks can run in parallel
+//! against one shared server. Times are explicit (`now` in every request), so no check sleeps.
+//! The checks panic with a message naming the rule that failed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Claim, ClaimRequest, Completion, Fenced, FencingToken, RecordStatus, Store};
+use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, KeyPart, derive_key};
+
+/// Generates one `#[tokio::test]` per conformance check for the store that `$make` (an
+/// expression evaluating to a future of the store) builds. Needs `tokio` with `macros` and
+/// `rt-multi-thread` in the calling crate.
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($make:expr) => {
+        $crate::store_conformance_tests!(@each $make;
+            acquire_complete_replay,
+            mismatch_is_checked_first,
+            lapsed_lease_is_taken_over_and_fenced,
+            release_is_fenced_and_frees_the_key,
+            expired_records_are_new_intents,
+            tenants_are_isolated,
+            purge_is_bounded_and_spares_live_records,
+            concurrent_claims_have_one_winner,
+            results_are_stored_byte_exact,
+            health_reports_the_current_schema
+        );
+    };
+    (@each $make:expr; $($check:ident),*) => {$(
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $check() {
+            let store: ::std::sync::Arc<dyn $crate::store::Store> =
+                ::std::sync::Arc::new($make.await);
+            $crate::store::conformance::$check(store).await;
+        }
+    )*};
+}
+
+const T0: u64 = 1_700_000_000_000;
+const LEASE: Duration = Duration::from_secs(30);
+const TTL: Duration = Duration::from_secs(24 * 3600);
+
+fn tenant() -> String {
+    format!("conformance-{}", uuid::Uuid::new_v4())
+}
+
+fn key(tenant: &str, n: u32) -> IdempotencyKey {
+    derive_key(
+        tenant,
+        "conformance.tool",
+        &[KeyPart::new(&n).expect("key part")],
+    )
+}
+
+fn fp(b: u8) -> Fingerprint {
+    Fingerprint::from_bytes([b; 32])
+}
+
+fn claim<'a>(
+    tenant: &'a str,
+    key: IdempotencyKey,
+    fingerprint: Fingerprint,
+    now: u64,
+) -> ClaimRequest<'a> {
+    ClaimRequest {
+        tenant,
+        key,
+        tool: "conformance.tool",
+        fingerprint,
+        now,
+        lease: LEASE,
+        ttl: TTL,
+    }
+}
+
+fn completion<'a>(
+    tenant: &'a str,
+    key: IdempotencyKey,
+    token: FencingToken,
+    result: &'a [u8],
+    now: u64,
+) -> Completion<'a> {
+    Completion {
+        tenant,
+        key,
+        token,
+        result,
+        now,
+        ttl: TTL,
+    }
+}
+
+async fn acquire(store: &dyn Store, req: ClaimRequest<'_>) -> FencingToken {
+    match store.claim(req).await.expect("claim") {
+        Claim::Acquired { token, .. } => token,
+        other => panic!("expected the claim to be acquired, got {other:?}"),
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// A new key is acquired; the same call meanwhile is in flight; completion makes it a replay.
+pub async fn acquire_complete_replay(store: Arc<dyn Store>) {
+    let t = tenant();
+    let k = key(&t, 1);
+    let first = store.claim(claim(&t, k, fp(1), T0)).await.expect("claim");
+    let Claim::Acquired { token, takeover } = first else {
+        panic!("a new key must be acquired, got {first:?}");
+    };
+    assert!(!takeover, "a new key is not a takeover");
+    assert_eq!(
+        store
+            .claim(claim(&t, k, fp(1), T0 + 1))
+            .await
+            .expect("claim"),
+        Claim::InFlight {
+            lease_expires_at: T0 + ms(LEASE)
+        },
+        "a live claim blocks the same call until its lease lapses"
+    );
+    let done_at = T0 + 500;
+    assert_eq!(
+        store
+            .complete(completion(&t, k, token, b"{\"ok\":1}", done_at))
+            .await
+            .expect("complete"),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store
+            .claim(claim(&t, k, fp(1), T0 + ms(LEASE) * 2))
+            .await
+            .expect("claim"),
+        Claim::Completed {
+            result: b"{\"ok\":1}".to_vec()
+        },
+        "a completed key replays, even after its lease"
+    );
+    let record = store
+        .lookup(&t, k)
+        .await
+        .expect("lookup")
+        .expect("record exists");
+    assert_eq!(record.status, RecordStatus::Completed);
+    assert_eq!(record.tenant, t);
+    assert_eq!(record.tool, "conformance.tool");
+    assert_eq!(record.token, token);
+    assert_eq!(record.fingerprint, fp(1));
+    assert_eq!(record.created_at, T0);
+    assert_eq!(
+        record.expires_at,
+        done_at + ms(TTL),
+        "TTL counts from completion"
+    );
+    assert_eq!(
+        store
+            .complete(completion(&t, k, token, b"again", done_at))
+            .await
+            .expect("complete"),
+        Fenced::Lost,
+        "a completed record is never overwritten"
+    );
+    assert!(
+        store
+            .lookup(&t, key(&t, 2))
+            .await
+            .expect("lookup")
+            .is_none()
+    );
+}
+
+/// A different fingerprint is a mismatch whatever the record's state.
+pub async fn mismatch_is_checked_first(store: Arc<dyn Store>) {
+    let t = tenant();
+    let k = key(&t, 1);
+    let token = acquire(&*store, claim(&t, k, fp(1), T0)).await;
+    assert_eq!(
+        store
+            .claim(claim(&t, k, fp(2), T0 + 1))
+            .await
+            .expect("claim"),
+        Claim::Mismatch,
+        "in flight, live lease"
+    );
+    assert_eq!(
+        store
+            .claim(claim(&t, k, fp(2), T0 + ms(LEASE) + 1))
+            .await
+            .expect("claim"),
+        Claim::Mismatch,
+        "in flight, lapsed lease: no takeover with other arguments"
+    );
+    store
+        .complete(completion(&t, k, token, b"r", T0 + 2))
+        .await
+        .expect("complete");
+    assert_eq!(
+        store
+            .claim(claim(&t, k, fp(2), T0 + 3))
+            .await
+            .expect("claim"),
+        Claim::Mismatch,
+        "completed"
+    );
+}
+
+/// After the lease lapses exactly one caller takes over; the old owner is fenced out.
+pub async fn lapsed_lease_is_taken_over_and_fenced(store: Arc<dyn Store>) {
+    let t = tenant();
+    let k = key(&t, 1);
+    let zombie = acquire(&*store, claim(&t, k, fp(1), T0)).await;
+    let lapse = T0 + ms(LEASE);
+    let taken = store
+        .claim(claim(&t, k, fp(1), lapse))
+        .await
+        .expect("claim");
+    let Claim::Acquired {
+        token: owner,
+        takeover: true,
+    } = taken
+    else {
+        panic!("a lapsed lease must be taken over, got {taken:?}");
+    };
+    assert_ne!(owner, zombie, "a takeover gets a new fencing token");
+    assert_eq!(
+        store
+            .claim(claim(&t, k, fp(1), lapse + 1))
+            .await
+            .expect("claim"),
+        Claim::InFlight {
+            lease_expires_at: lapse + ms(LEASE)
+        },
+        "the new owner holds a new lease"
+    );
+    assert_eq!(
+        store
+            .complete(completion(&t, k, zombie, b"zombie", lapse + 2))
+            .await
+            .expect("complete"),
+        Fenced::Lost,
+        "the zombie's completion is refused"
+    );
+    assert_eq!(
+        store.release(&t, k, zombie).await.expect("release"),
+        Fenced::Lost,
+        "the zombie's release is refused"
+    );
+    assert_eq!(
+        store
+            .complete(completion(&t, k, owner, b"owner", lapse + 3))
+            .await
+            .expect("complete"),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store
+            .claim(claim(&t, k, fp(1), lapse + 4))
+            .await
+            .expect("claim"),
+        Claim::Completed {
+            result: b"owner".to_vec()
+        }
+    );
+}
+
+/// Release deletes the record only for its owner, and only while in flight.
+pub async fn release_is_fenced_and_frees_the_key(store: Arc<dyn Store>) {
+    let t = tenant();
+    let k = key(&t, 1);
+    let token = acquire(&*store, claim(&t, k, fp(1), T0)).await;
+    assert_eq!(
+        store
+            .release(&t, k, FencingToken::from_raw(token.get() ^ 1))
+            .await
+            .expect("release"),
+        Fenced::Lost
+    );
+    assert_eq!(
+        store.release(&t, k, token).await.expect("release"),
+        Fenced::Applied
+    );
+    assert!(
+        store.lookup(&t, k).await.expect("lookup").is_none(),
+        "released means gone"
+    );
+    let again = store
+        .claim(claim(&t, k, fp(2), T0 + 1))
+        .await
+        .expect("claim");
+    assert!(
+        matches!(
+            again,
+            Claim::Acquired {
+                takeover: false,
+                ..
+            }
+        ),
+        "a released key is new, even with other arguments: {again:?}"
+    );
+    let Claim::Acquired { token, .. } = again else {
+        unreachable!()
+    };
+    store
+        .complete(completion(&t, k, token, b"r", T0 + 2))
+        .await
+        .expect("complete");
+    assert_eq!(
+        store.release(&t, k, token).await.expect("release"),
+        Fenced::Lost,
+        "a completed record cannot be released"
+    );
+    assert!(store.lookup(&t, k).await.expect("lookup").is_some());
+}
+
+/// After its TTL a key is a new intent, whatever its arguments.
+pub async fn expired_records_are_new_intents(store: Arc<dyn Store>) {
+    let t = tenant();
+    let k = key(&t, 1);
+    let token = acquire(&*store, claim(&t, k, fp(1), T0)).await;
+    store
+        .complete(completion(&t, k, token, b"old", T0 + 1))
+        .await
+        .expect("complete");
+    let expiry = T0 + 1 + ms(TTL);
+    assert!(matches!(
+        store
+            .claim(claim(&t, k, fp(1), expiry - 1))
+            .await
+            .expect("claim"),
+        Claim::Completed { .. }
+    ));
+    let fresh = store
+        .claim(claim(&t, k, fp(2), expiry))
+        .await
+        .expect("claim");
+    let Claim::Acquired {
+        token: new_token,
+        takeover: false,
+    } = fresh
+    else {
+        panic!("an expired key must be acquired as new, got {fresh:?}");
+    };
+    let record = store.lookup(&t, k).await.expect("lookup").expect("record");
+    assert_eq!(record.status, RecordStatus::InFlight);
+    assert_eq!(record.fingerprint, fp(2));
+    assert_eq!(record.result, None, "the old result is gone");
+    assert_eq!(record.created_at, expiry);
+    assert_eq!(
+        store
+            .complete(completion(&t, k, token, b"x", expiry + 1))
+            .await
+            .expect("complete"),
+        Fenced::Lost,
+        "the expired record's owner cannot complete the new one"
+    );
+    assert_eq!(
+        store
+            .complete(completion(&t, k, new_token, b"new", expiry + 1))
+            .await
+            .expect("complete"),
+        Fenced::Applied
+    );
+}
+
+/// The same key in two tenants is two records.
+pub async fn tenants_are_isolated(store: Arc<dyn Store>) {
+    let (a, b) = (tenant(), tenant());
+    let k = key("shared", 1);
+    let ta = acquire(&*store, claim(&a, k, fp(1), T0)).await;
+    let tb = acquire(&*store, claim(&b, k, fp(2), T0)).await;
+    assert_eq!(
+        store.release(&b, k, ta).await.expect("release"),
+        Fenced::Lost
+    );
+    store
+        .complete(completion(&a, k, ta, b"a", T0 + 1))
+        .await
+        .expect("complete");
+    assert_eq!(
+        store
+            .lookup(&b, k)
+            .await
+            .expect("lookup")
+            .expect("record")
+            .status,
+        RecordStatus::InFlight,
+        "completing in one tenant leaves the other alone"
+    );
+    store
+        .complete(completion(&b, k, tb, b"b", T0 + 2))
+        .await
+        .expect("complete");
+    assert_eq!(
+        store
+            .claim(claim(&a, k, fp(1), T0 + 3))
+            .await
+            .expect("claim"),
+        Claim::Completed {
+            result: b"a".to_vec()
+        }
+    );
+    assert_eq!(
+        store
+            .claim(claim(&b, k, fp(2), T0 + 3))
+            .await
+            .expect("claim"),
+        Claim::Completed {
+            result: b"b".to_vec()
+        }
+    );
+    assert!(store.lookup(&tenant(), k).await.expect("lookup").is_none());
+}
+
+/// Purge deletes expired records in batches of at most `limit`, and nothing live.
+///
+/// Its records live in the distant past (expiring at 11 ms after the epoch), so that purging them
+/// cannot touch the records of checks running at the same time on the same server.
+pub async fn purge_is_bounded_and_spares_live_records(store: Arc<dyn Store>) {
+    let t = tenant();
+    let short = |n| ClaimRequest {
+        ttl: Duration::from_millis(1),
+        lease: Duration::from_millis(1),
+        ..claim(&t, key(&t, n), fp(1), 10)
+    };
+    while store.purge_expired(12, 1000).await.expect("purge") > 0 {}
+    for n in 0..25 {
+        acquire(&*store, short(n)).await;
+    }
+    let live = key(&t, 100);
+    acquire(&*store, claim(&t, live, fp(1), T0)).await;
+    let mut batches = Vec::new();
+    loop {
+        let n = store.purge_expired(12, 10).await.expect("purge");
+        batches.push(n);
+        if n == 0 {
+            break;
+        }
+    }
+    assert_eq!(batches, vec![10, 10, 5, 0]);
+    assert!(
+        store
+            .lookup(&t, key(&t, 0))
+            .await
+            .expect("lookup")
+            .is_none()
+    );
+    assert!(
+        store.lookup(&t, live).await.expect("lookup").is_some(),
+        "live record kept"
+    );
+}
+
+/// Many concurrent claims of one key: exactly one is acquired.
+pub async fn concurrent_claims_have_one_winner(store: Arc<dyn Store>) {
+    let t: Arc<str> = tenant().into();
+    let k = key(&t, 1);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let (store, t) = (store.clone(), t.clone());
+        set.spawn(async move { store.claim(claim(&t, k, fp(1), T0 + i)).await });
+    }
+    let mut acquired = 0;
+    while let Some(res) = set.join_next().await {
+        match res.expect("task").expect("claim") {
+            Claim::Acquired { .. } => acquired += 1,
+            Claim::InFlight { .. } => {}
+            other => panic!("unexpected answer under contention: {other:?}"),
+        }
+    }
+    assert_eq!(acquired, 1, "exactly one concurrent claim may win");
+}
+
+/// Results come back byte for byte, including non-UTF-8 bytes and large values.
+pub async fn results_are_stored_byte_exact(store: Arc<dyn Store>) {
+    let t = tenant();
+    let mut big: Vec<u8> = (0..=255u8).cycle().take(1 << 20).collect();
+    big.extend_from_slice(&[0, 0xff, 0xfe]);
+    for (n, result) in [Vec::new(), vec![0u8, 0xc3, 0x28], big]
+        .into_iter()
+        .enumerate()
+    {
+        let k = key(&t, n as u32);
+        let token = acquire(&*store, claim(&t, k, fp(1), T0)).await;
+        store
+            .complete(completion(&t, k, token, &result, T0 + 1))
+            .await
+            .expect("complete");
+        assert_eq!(
+            store
+                .claim(claim(&t, k, fp(1), T0 + 2))
+                .await
+                .expect("claim"),
+            Claim::Completed { result },
+        );
+    }
+}
+
+/// The health check answers with the schema this build writes.
+pub async fn health_reports_the_current_schema(store: Arc<dyn Store>) {
+    let health = store.health().await.expect("health");
+    assert_eq!(health.backend, store.backend());
+    assert_eq!(health.schema_version, health.expected_schema_version);
+}

@@ -1,0 +1,197 @@
+//! The in-memory store: the reference implementation of the [`Store`] contract.
+//!
+//! Everything happens under one lock, so every operation is trivially atomic. It forgets
+//! everything when the process exits: use it for tests and for tools whose retries never cross a
+//! restart. `Idem::open("memory://")` opens one.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::{
+    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Held, Record, RecordStatus,
+    Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
+};
+use crate::error::{StoreError, StoreErrorKind};
+use crate::key::IdempotencyKey;
+
+/// Schema version of the memory store (it has none to migrate; reported for symmetry).
+const SCHEMA_VERSION: u32 = 1;
+
+/// A [`Store`] in process memory.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    tenants: Mutex<HashMap<String, HashMap<IdempotencyKey, Record>>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut HashMap<String, HashMap<IdempotencyKey, Record>>) -> T,
+    ) -> Result<T, StoreError> {
+        let mut guard = self.tenants.lock().map_err(|_| {
+            StoreError::new(
+                "memory",
+                StoreErrorKind::Corrupt,
+                "a thread panicked while holding the store lock",
+            )
+        })?;
+        Ok(f(&mut guard))
+    }
+
+    fn claim_now(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.with(|tenants| {
+            let records = tenants.entry(req.tenant.to_owned()).or_default();
+            let held = records.get(&req.key).map(|r| Held {
+                fingerprint: r.fingerprint,
+                status: r.status,
+                lease_expires_at: r.lease_expires_at,
+                expires_at: r.expires_at,
+            });
+            match decide(held, req.fingerprint, req.now) {
+                Decision::Mismatch => Claim::Mismatch,
+                Decision::InFlight { lease_expires_at } => Claim::InFlight { lease_expires_at },
+                Decision::Replay => Claim::Completed {
+                    result: records[&req.key].result.clone().unwrap_or_default(),
+                },
+                Decision::Insert => {
+                    let token = FencingToken::generate();
+                    records.insert(
+                        req.key,
+                        Record {
+                            tenant: req.tenant.to_owned(),
+                            key: req.key,
+                            tool: req.tool.to_owned(),
+                            fingerprint: req.fingerprint,
+                            status: RecordStatus::InFlight,
+                            token,
+                            lease_expires_at: after(req.now, req.lease),
+                            created_at: req.now,
+                            expires_at: after(req.now, req.ttl),
+                            result: None,
+                        },
+                    );
+                    Claim::Acquired {
+                        token,
+                        takeover: false,
+                    }
+                }
+                Decision::Takeover => {
+                    let token = FencingToken::generate();
+                    let record = records.get_mut(&req.key).expect("held record");
+                    record.token = token;
+                    record.lease_expires_at = after(req.now, req.lease);
+                    Claim::Acquired {
+                        token,
+                        takeover: true,
+                    }
+                }
+            }
+        })
+    }
+}
+
+impl Store for MemoryStore {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+        Box::pin(async move { self.claim_now(&req) })
+    }
+
+    fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            self.with(
+                |tenants| match tenants.get_mut(c.tenant).and_then(|r| r.get_mut(&c.key)) {
+                    Some(record)
+                        if record.token == c.token && record.status == RecordStatus::InFlight =>
+                    {
+                        record.status = RecordStatus::Completed;
+                        record.result = Some(c.result.to_vec());
+                        record.expires_at = after(c.now, c.ttl);
+                        Fenced::Applied
+                    }
+                    _ => Fenced::Lost,
+                },
+            )
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        token: FencingToken,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            self.with(|tenants| {
+                let Some(records) = tenants.get_mut(tenant) else {
+                    return Fenced::Lost;
+                };
+                match records.get(&key) {
+                    Some(r) if r.token == token && r.status == RecordStatus::InFlight => {
+                        records.remove(&key);
+                        Fenced::Applied
+                    }
+                    _ => Fenced::Lost,
+                }
+            })
+        })
+    }
+
+    fn lookup<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+    ) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move {
+            self.with(|tenants| tenants.get(tenant).and_then(|r| r.get(&key)).cloned())
+        })
+    }
+
+    fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
+        Box::pin(async move {
+            self.with(|tenants| {
+                let mut purged = 0;
+                for records in tenants.values_mut() {
+                    let expired: Vec<IdempotencyKey> = records
+                        .iter()
+                        .filter(|(_, r)| r.expires_at <= now)
+                        .map(|(k, _)| *k)
+                        .take(limit - purged)
+                        .collect();
+                    for key in expired {
+                        records.remove(&key);
+                        purged += 1;
+                    }
+                    if purged == limit {
+                        break;
+                    }
+                }
+                tenants.retain(|_, records| !records.is_empty());
+                purged
+            })
+        })
+    }
+
+    fn health(&self) -> StoreFuture<'_, StoreHealth> {
+        Box::pin(async move {
+            self.with(|_| StoreHealth {
+                backend: "memory",
+                schema_version: SCHEMA_VERSION,
+                expected_schema_version: SCHEMA_VERSION,
+                durable: false,
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    crate::store_conformance_tests!(async { super::MemoryStore::new() });
+}

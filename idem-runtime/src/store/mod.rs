@@ -1,0 +1,395 @@
+//! Stores: where claims and results live.
+//!
+//! [`Store`] is the small async trait every backend implements: claim, complete, release,
+//! lookup, purge and a health check. The decision of a claim (DESIGN §2) is made by one function,
+//! [`decide`], that every backend calls on the record it holds, inside its own atomic section,
+//! so the table below is written once:
+//!
+//! | store holds | and | claim answers |
+//! |---|---|---|
+//! | nothing, or a record past its TTL | | [`Claim::Acquired`], new `in_flight` record |
+//! | a record | fingerprint differs | [`Claim::Mismatch`] (checked first) |
+//! | `completed` | same fingerprint | [`Claim::Completed`] with the stored result |
+//! | `in_flight`, lease live | same fingerprint | [`Claim::InFlight`] |
+//! | `in_flight`, lease lapsed | same fingerprint | [`Claim::Acquired`] with `takeover`, new token |
+//!
+//! Completion and release are fenced: they apply only while the record still carries the
+//! caller's [`FencingToken`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::StoreError;
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+
+pub mod memory;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+/// The future every store operation returns.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// Milliseconds since the Unix epoch, the time unit of records.
+pub type UnixMillis = u64;
+
+/// Proof of ownership of a claimed key: a fresh random 63-bit value for every claim.
+///
+/// A completion or release carrying an older token (a "zombie" owner whose lease lapsed and was
+/// taken over) is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// A new, unpredictable token (never zero, fits a signed 64-bit column).
+    pub fn generate() -> Self {
+        let (hi, lo) = uuid::Uuid::new_v4().as_u64_pair();
+        FencingToken(((hi ^ lo) & (i64::MAX as u64)).max(1))
+    }
+
+    /// Rebuilds a token a store kept.
+    pub const fn from_raw(raw: u64) -> Self {
+        FencingToken(raw)
+    }
+
+    /// The raw value, for storing.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// What a claim asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The tenant; every lookup is by tenant + key.
+    pub tenant: &'a str,
+    /// The derived key.
+    pub key: IdempotencyKey,
+    /// The tool's stable name (kept for operators; the key already depends on it).
+    pub tool: &'a str,
+    /// The fingerprint of the arguments.
+    pub fingerprint: Fingerprint,
+    /// The caller's clock.
+    pub now: UnixMillis,
+    /// How long a new `in_flight` record blocks other callers.
+    pub lease: Duration,
+    /// How long the record lives (from creation while in flight, from completion after).
+    pub ttl: Duration,
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller owns the key now and must run the body, then complete or release.
+    Acquired {
+        /// The token that fences the completion.
+        token: FencingToken,
+        /// Whether an orphaned `in_flight` record (lapsed lease) was taken over.
+        takeover: bool,
+    },
+    /// The key is completed with the same fingerprint: here is the stored result.
+    Completed {
+        /// The stored result, as the runtime encoded it.
+        result: Vec<u8>,
+    },
+    /// The key is held with a different fingerprint.
+    Mismatch,
+    /// The key is held by a live call with the same fingerprint.
+    InFlight {
+        /// When that call's lease lapses.
+        lease_expires_at: UnixMillis,
+    },
+}
+
+/// A fenced completion: store `result` under the key if `token` still owns it.
+#[derive(Debug, Clone, Copy)]
+pub struct Completion<'a> {
+    /// The tenant.
+    pub tenant: &'a str,
+    /// The key.
+    pub key: IdempotencyKey,
+    /// The token the claim returned.
+    pub token: FencingToken,
+    /// The encoded result.
+    pub result: &'a [u8],
+    /// The caller's clock.
+    pub now: UnixMillis,
+    /// The record lives this long after completion.
+    pub ttl: Duration,
+}
+
+/// Whether a fenced write applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// The token still owned the record: the write is done.
+    Applied,
+    /// The record is gone or owned by another token: nothing was written.
+    Lost,
+}
+
+/// The state of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordStatus {
+    /// Claimed; the body is running (or its owner died and the lease will lapse).
+    InFlight,
+    /// The body finished and its result is stored.
+    Completed,
+}
+
+impl RecordStatus {
+    /// The name stores write: `in_flight` or `completed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordStatus::InFlight => "in_flight",
+            RecordStatus::Completed => "completed",
+        }
+    }
+
+    /// Parses [`RecordStatus::as_str`].
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "in_flight" => Some(RecordStatus::InFlight),
+            "completed" => Some(RecordStatus::Completed),
+            _ => None,
+        }
+    }
+}
+
+/// One stored record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The tenant.
+    pub tenant: String,
+    /// The key.
+    pub key: IdempotencyKey,
+    /// The tool's stable name.
+    pub tool: String,
+    /// The fingerprint of the first call's arguments.
+    pub fingerprint: Fingerprint,
+    /// In flight or completed.
+    pub status: RecordStatus,
+    /// The current owner's token.
+    pub token: FencingToken,
+    /// When the lease of an `in_flight` record lapses.
+    pub lease_expires_at: UnixMillis,
+    /// When the record was created.
+    pub created_at: UnixMillis,
+    /// When the record expires; after this the key is new again.
+    pub expires_at: UnixMillis,
+    /// The stored result of a completed record.
+    pub result: Option<Vec<u8>>,
+}
+
+/// What [`Store::health`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreHealth {
+    /// The backend's name.
+    pub backend: &'static str,
+    /// The schema version found in the store.
+    pub schema_version: u32,
+    /// The schema version this build writes.
+    pub expected_schema_version: u32,
+    /// Whether a claim is durable (survives a crash of the process and of the machine) before
+    /// the body runs.
+    pub durable: bool,
+}
+
+/// What a claim does to the record it finds: the decision table of DESIGN §2, in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// No live record: insert a new `in_flight` one.
+    Insert,
+    /// An orphan (lapsed lease, same fingerprint): take it over with a new token.
+    Takeover,
+    /// Same fingerprint, completed: replay.
+    Replay,
+    /// Different fingerprint.
+    Mismatch,
+    /// Same fingerprint, live lease.
+    InFlight {
+        /// When the lease lapses.
+        lease_expires_at: UnixMillis,
+    },
+}
+
+/// The fields of a record that a claim decision reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Held {
+    /// The stored fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The stored status.
+    pub status: RecordStatus,
+    /// The stored lease expiry.
+    pub lease_expires_at: UnixMillis,
+    /// The stored record expiry.
+    pub expires_at: UnixMillis,
+}
+
+/// Decides a claim against the record a store holds for the key (if any).
+///
+/// Backends call this inside their atomic section (a transaction, a lock, a script); SQL and
+/// Lua backends that cannot call Rust mirror it and are held to it by the conformance suite.
+pub fn decide(held: Option<Held>, fingerprint: Fingerprint, now: UnixMillis) -> Decision {
+    let Some(held) = held.filter(|h| h.expires_at > now) else {
+        return Decision::Insert;
+    };
+    if held.fingerprint != fingerprint {
+        return Decision::Mismatch;
+    }
+    match held.status {
+        RecordStatus::Completed => Decision::Replay,
+        RecordStatus::InFlight if held.lease_expires_at > now => Decision::InFlight {
+            lease_expires_at: held.lease_expires_at,
+        },
+        RecordStatus::InFlight => Decision::Takeover,
+    }
+}
+
+/// `now + d` in milliseconds, saturating.
+pub fn after(now: UnixMillis, d: Duration) -> UnixMillis {
+    now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The core store: what every idempotent call needs, and nothing else.
+///
+/// Implementations must make [`Store::claim`] atomic per tenant + key and durable before they
+/// answer [`Claim::Acquired`], and must pass the conformance suite
+/// ([`conformance`], behind the `conformance` feature).
+pub trait Store: Send + Sync {
+    /// The backend's name (`memory`, `sqlite`, …), for errors and reports.
+    fn backend(&self) -> &'static str;
+
+    /// Claims a key (see the module docs for the decision table).
+    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim>;
+
+    /// Stores the result of a claimed key, if the token still owns it.
+    fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced>;
+
+    /// Deletes a claimed record, if the token still owns it, so the key is new again.
+    fn release<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        token: FencingToken,
+    ) -> StoreFuture<'a, Fenced>;
+
+    /// Reads the record of a key, expired or not.
+    fn lookup<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+    ) -> StoreFuture<'a, Option<Record>>;
+
+    /// Deletes at most `limit` records that expired at or before `now`; returns how many.
+    fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize>;
+
+    /// Checks that the store answers and its schema is the one this build writes.
+    fn health(&self) -> StoreFuture<'_, StoreHealth>;
+}
+
+macro_rules! forward_store {
+    ($($ty:ty),*) => {$(
+        impl<S: Store + ?Sized> Store for $ty {
+            fn backend(&self) -> &'static str {
+                (**self).backend()
+            }
+            fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+                (**self).claim(req)
+            }
+            fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced> {
+                (**self).complete(completion)
+            }
+            fn release<'a>(
+                &'a self,
+                tenant: &'a str,
+                key: IdempotencyKey,
+                token: FencingToken,
+            ) -> StoreFuture<'a, Fenced> {
+                (**self).release(tenant, key, token)
+            }
+            fn lookup<'a>(
+                &'a self,
+                tenant: &'a str,
+                key: IdempotencyKey,
+            ) -> StoreFuture<'a, Option<Record>> {
+                (**self).lookup(tenant, key)
+            }
+            fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
+                (**self).purge_expired(now, limit)
+            }
+            fn health(&self) -> StoreFuture<'_, StoreHealth> {
+                (**self).health()
+            }
+        }
+    )*};
+}
+
+forward_store!(&S, Arc<S>, Box<S>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fp(b: u8) -> Fingerprint {
+        Fingerprint::from_bytes([b; 32])
+    }
+
+    fn held(status: RecordStatus, lease: UnixMillis, expires: UnixMillis) -> Option<Held> {
+        Some(Held {
+            fingerprint: fp(1),
+            status,
+            lease_expires_at: lease,
+            expires_at: expires,
+        })
+    }
+
+    #[test]
+    fn the_decision_table() {
+        use RecordStatus::*;
+        assert_eq!(decide(None, fp(1), 100), Decision::Insert);
+        assert_eq!(
+            decide(held(Completed, 0, 100), fp(1), 100),
+            Decision::Insert,
+            "expired"
+        );
+        assert_eq!(
+            decide(held(Completed, 0, 200), fp(2), 100),
+            Decision::Mismatch
+        );
+        assert_eq!(
+            decide(held(InFlight, 150, 200), fp(2), 100),
+            Decision::Mismatch
+        );
+        assert_eq!(
+            decide(held(InFlight, 50, 200), fp(2), 100),
+            Decision::Mismatch
+        );
+        assert_eq!(
+            decide(held(Completed, 0, 200), fp(1), 100),
+            Decision::Replay
+        );
+        assert_eq!(
+            decide(held(InFlight, 150, 200), fp(1), 100),
+            Decision::InFlight {
+                lease_expires_at: 150
+            }
+        );
+        assert_eq!(
+            decide(held(InFlight, 100, 200), fp(1), 100),
+            Decision::Takeover
+        );
+    }
+
+    #[test]
+    fn tokens_are_positive_and_distinct() {
+        let a = FencingToken::generate();
+        let b = FencingToken::generate();
+        assert_ne!(a, b);
+        assert!(a.get() > 0 && a.get() <= i64::MAX as u64);
+    }
+}

@@ -1,0 +1,914 @@
+//! The embedded SQLite store: a file on disk, WAL, and group commit.
+//!
+//! `Idem::open("sqlite://idem.db")` opens (and creates) one. What it guarantees:
+//!
+//! - **Durable claims.** A claim is committed with `synchronous=FULL` (the default) before
+//!   [`Claim::Acquired`] is answered, so the tool body never runs on a claim that a crash, even
+//!   of the machine, could forget.
+//! - **Group commit.** One writer thread owns the write connection. It takes every operation
+//!   waiting in its queue, applies them in one transaction and commits once, so concurrent callers
+//!   share one `fsync` instead of queueing for one each. Answers are sent only after the commit.
+//! - **Reads do not queue.** Replays, mismatches and in-flight answers are decided from a
+//!   committed snapshot on a pool of reader connections (WAL lets them run beside the writer);
+//!   only claims that may write go through the writer.
+//! - **Several processes.** Writers take SQLite's write lock (`BEGIN IMMEDIATE`, with a busy
+//!   timeout), so processes sharing one file still claim each key exactly once.
+//! - **A versioned schema**, created on open; a file written by a newer schema is refused.
+//!
+//! URL options: `sqlite://PATH?synchronous=full|normal&busy_timeout_ms=N`. `normal` survives a
+//! crash of the process but not a power loss; [`StoreHealth::durable`] says which you have.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
+use tokio::sync::oneshot;
+
+use super::{
+    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Held, Record, RecordStatus,
+    Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
+};
+use crate::error::{StoreError, StoreErrorKind};
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+
+const BACKEND: &str = "sqlite";
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Most operations one transaction of the writer takes.
+const MAX_BATCH: usize = 512;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS idem_meta (
+    name  TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS idem_records (
+    tenant           TEXT    NOT NULL,
+    key              BLOB    NOT NULL,
+    tool             TEXT    NOT NULL,
+    fingerprint      BLOB    NOT NULL,
+    status           TEXT    NOT NULL CHECK (status IN ('in_flight', 'completed')),
+    token            INTEGER NOT NULL,
+    lease_expires_at INTEGER NOT NULL,
+    created_at       INTEGER NOT NULL,
+    expires_at       INTEGER NOT NULL,
+    result           BLOB,
+    PRIMARY KEY (tenant, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at);
+";
+
+const SELECT_HELD: &str = "SELECT fingerprint, status, lease_expires_at, expires_at, result \
+     FROM idem_records WHERE tenant = ?1 AND key = ?2";
+
+const SELECT_RECORD: &str = "SELECT tenant, key, tool, fingerprint, status, token, \
+     lease_expires_at, created_at, expires_at, result \
+     FROM idem_records WHERE tenant = ?1 AND key = ?2";
+
+/// How hard SQLite syncs a commit to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synchronous {
+    /// `synchronous=FULL`: a commit survives a power loss (the default).
+    Full,
+    /// `synchronous=NORMAL`: a commit survives a crash of the process, not of the machine.
+    Normal,
+}
+
+/// Options of a [`SqliteStore`], usually taken from the URL.
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// The database file; created if missing.
+    pub path: PathBuf,
+    /// Commit durability.
+    pub synchronous: Synchronous,
+    /// How long to wait for another process's write lock before failing with a timeout.
+    pub busy_timeout: Duration,
+}
+
+impl SqliteOptions {
+    /// Defaults for a file: `synchronous=FULL`, 5 s busy timeout.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        SqliteOptions {
+            path: path.into(),
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Parses the part of a `sqlite://` URL after the scheme: `PATH[?option=value&…]`.
+    pub fn from_url_rest(rest: &str) -> Result<Self, String> {
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if path.is_empty() {
+            return Err(
+                "the URL names no file: write `sqlite://PATH`, e.g. `sqlite://idem.db`".into(),
+            );
+        }
+        let mut options = SqliteOptions::new(path);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match (name, value.to_ascii_lowercase().as_str()) {
+                ("synchronous", "full") => options.synchronous = Synchronous::Full,
+                ("synchronous", "normal") => options.synchronous = Synchronous::Normal,
+                ("synchronous", _) => {
+                    return Err(format!(
+                        "`synchronous` must be `full` or `normal`, not `{value}`"
+                    ));
+                }
+                ("busy_timeout_ms", v) => {
+                    let ms: u64 = v.parse().map_err(|_| {
+                        format!("`busy_timeout_ms` must be a whole number of milliseconds, not `{value}`")
+                    })?;
+                    options.busy_timeout = Duration::from_millis(ms);
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown option `{name}`; known: `synchronous`, `busy_timeout_ms`"
+                    ));
+                }
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// The embedded SQLite [`Store`]. Cheap to clone; clones share the writer and the readers.
+#[derive(Clone)]
+pub struct SqliteStore {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.shared.options.path)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    options: SqliteOptions,
+    writer: Mutex<mpsc::Sender<Job>>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+struct Job {
+    op: Op,
+    reply: oneshot::Sender<Result<Reply, StoreError>>,
+}
+
+enum Op {
+    Claim {
+        tenant: String,
+        key: IdempotencyKey,
+        tool: String,
+        fingerprint: Fingerprint,
+        now: UnixMillis,
+        lease: Duration,
+        ttl: Duration,
+    },
+    Complete {
+        tenant: String,
+        key: IdempotencyKey,
+        token: FencingToken,
+        result: Vec<u8>,
+        expires_at: UnixMillis,
+    },
+    Release {
+        tenant: String,
+        key: IdempotencyKey,
+        token: FencingToken,
+    },
+    Purge {
+        now: UnixMillis,
+        limit: usize,
+    },
+}
+
+enum Reply {
+    Claim(Claim),
+    Fenced(Fenced),
+    Purged(usize),
+}
+
+fn sql_error(op: &str, e: rusqlite::Error) -> StoreError {
+    let kind = match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreErrorKind::Timeout,
+        Some(
+            ErrorCode::CannotOpen
+            | ErrorCode::PermissionDenied
+            | ErrorCode::ReadOnly
+            | ErrorCode::DiskFull
+            | ErrorCode::SystemIoFailure,
+        ) => StoreErrorKind::Unavailable,
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => StoreErrorKind::Corrupt,
+        _ if matches!(e, rusqlite::Error::SqliteFailure(_, Some(ref m)) if m.starts_with("no such table")) => {
+            StoreErrorKind::Schema
+        }
+        _ => StoreErrorKind::Other,
+    };
+    StoreError::with_source(BACKEND, kind, format!("{op} failed"), e)
+}
+
+fn closed() -> StoreError {
+    StoreError::new(
+        BACKEND,
+        StoreErrorKind::Closed,
+        "the writer thread is gone (it panicked or the store was dropped)",
+    )
+}
+
+/// Clamps a time to SQLite's signed 64-bit integers.
+fn db_time(t: UnixMillis) -> i64 {
+    i64::try_from(t).unwrap_or(i64::MAX)
+}
+
+fn bytes32(op: &str, blob: Vec<u8>) -> Result<[u8; 32], StoreError> {
+    blob.try_into().map_err(|_| {
+        StoreError::new(
+            BACKEND,
+            StoreErrorKind::Corrupt,
+            format!("{op}: a 32-byte column has another length"),
+        )
+    })
+}
+
+fn status(op: &str, s: &str) -> Result<RecordStatus, StoreError> {
+    RecordStatus::parse(s).ok_or_else(|| {
+        StoreError::new(
+            BACKEND,
+            StoreErrorKind::Corrupt,
+            format!("{op}: unknown status `{s}`"),
+        )
+    })
+}
+
+type HeldRow = (Vec<u8>, String, i64, i64, Option<Vec<u8>>);
+
+fn read_held(
+    conn: &Connection,
+    tenant: &str,
+    key: &IdempotencyKey,
+) -> Result<Option<(Held, Option<Vec<u8>>)>, StoreError> {
+    let row: Option<HeldRow> = conn
+        .prepare_cached(SELECT_HELD)
+        .and_then(|mut stmt| {
+            stmt.query_row(params![tenant, &key.as_bytes()[..]], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .optional()
+        })
+        .map_err(|e| sql_error("claim", e))?;
+    row.map(|(fp, st, lease, expires, result)| {
+        Ok((
+            Held {
+                fingerprint: Fingerprint::from_bytes(bytes32("claim", fp)?),
+                status: status("claim", &st)?,
+                lease_expires_at: lease.max(0) as u64,
+                expires_at: expires.max(0) as u64,
+            },
+            result,
+        ))
+    })
+    .transpose()
+}
+
+fn open_connection(options: &SqliteOptions) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        &options.path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
+    )
+    .map_err(|e| {
+        StoreError::with_source(
+            BACKEND,
+            StoreErrorKind::Unavailable,
+            format!("cannot open `{}`", options.path.display()),
+            e,
+        )
+    })?;
+    conn.busy_timeout(options.busy_timeout)
+        .map_err(|e| sql_error("setting busy_timeout", e))?;
+    let sync = match options.synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.execute_batch(&format!("PRAGMA synchronous = {sync};"))
+        .map_err(|e| sql_error("setting synchronous", e))?;
+    Ok(conn)
+}
+
+/// Creates the schema, or checks the one found, inside the write lock.
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(|e| sql_error("enabling WAL", e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::new(
+            BACKEND,
+            StoreErrorKind::Unavailable,
+            format!("the file refused WAL mode (journal_mode is `{mode}`)"),
+        ));
+    }
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(|e| sql_error("locking the schema", e))?;
+    let has_meta: bool = tx
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_meta'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+        .map_err(|e| sql_error("reading the schema", e))?;
+    let found: Option<i64> = if has_meta {
+        tx.query_row(
+            "SELECT value FROM idem_meta WHERE name = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| sql_error("reading the schema version", e))?
+    } else {
+        None
+    };
+    match found {
+        None => {
+            tx.execute_batch(SCHEMA)
+                .map_err(|e| sql_error("creating the schema", e))?;
+            tx.execute(
+                "INSERT INTO idem_meta (name, value) VALUES ('schema_version', ?1)",
+                [SCHEMA_VERSION],
+            )
+            .map_err(|e| sql_error("recording the schema version", e))?;
+        }
+        Some(v) if v == i64::from(SCHEMA_VERSION) => {}
+        Some(v) if v > i64::from(SCHEMA_VERSION) => {
+            return Err(StoreError::new(
+                BACKEND,
+                StoreErrorKind::Schema,
+                format!(
+                    "the file has schema version {v}, newer than this build's {SCHEMA_VERSION}; \
+                     upgrade idem instead of writing to it"
+                ),
+            ));
+        }
+        Some(v) => {
+            return Err(StoreError::new(
+                BACKEND,
+                StoreErrorKind::Schema,
+                format!("the file has unknown schema version {v}"),
+            ));
+        }
+    }
+    tx.commit()
+        .map_err(|e| sql_error("committing the schema", e))
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the store at `options.path`, creates or checks the schema, and starts
+    /// the writer thread.
+    pub fn open(options: SqliteOptions) -> Result<Self, StoreError> {
+        if let Some(dir) = options.path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            return Err(StoreError::new(
+                BACKEND,
+                StoreErrorKind::Unavailable,
+                format!(
+                    "cannot open `{}`: its directory does not exist",
+                    options.path.display()
+                ),
+            ));
+        }
+        let mut writer = open_connection(&options)?;
+        migrate(&mut writer)?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        thread::Builder::new()
+            .name("idem-sqlite-writer".into())
+            .spawn(move || write_loop(writer, rx))
+            .map_err(|e| {
+                StoreError::with_source(
+                    BACKEND,
+                    StoreErrorKind::Unavailable,
+                    "cannot start the writer thread",
+                    e,
+                )
+            })?;
+        Ok(SqliteStore {
+            shared: Arc::new(Shared {
+                options,
+                writer: Mutex::new(tx),
+                readers: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// Opens the store at `path` with default options.
+    pub fn open_path(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open(SqliteOptions::new(path.as_ref()))
+    }
+
+    /// The options the store was opened with.
+    pub fn options(&self) -> &SqliteOptions {
+        &self.shared.options
+    }
+
+    /// Runs `f` on a pooled reader connection.
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let pooled = self.shared.readers.lock().map_err(|_| closed())?.pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => open_connection(&self.shared.options)?,
+        };
+        let out = f(&conn);
+        if let Ok(mut readers) = self.shared.readers.lock() {
+            readers.push(conn);
+        }
+        out
+    }
+
+    async fn write(&self, op: Op) -> Result<Reply, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.shared
+            .writer
+            .lock()
+            .map_err(|_| closed())?
+            .send(Job { op, reply })
+            .map_err(|_| closed())?;
+        answer.await.map_err(|_| closed())?
+    }
+}
+
+/// The writer thread: one transaction, one commit, for everything that queued meanwhile.
+fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = Vec::with_capacity(16);
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        run_batch(&mut conn, batch);
+    }
+}
+
+fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
+    let tx = match conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => {
+            let message = format!("taking the write lock failed ({e})");
+            let kind = sql_error("", e).kind();
+            for job in batch {
+                let _ = job
+                    .reply
+                    .send(Err(StoreError::new(BACKEND, kind, message.clone())));
+            }
+            return;
+        }
+    };
+    let mut answers = Vec::with_capacity(batch.len());
+    for job in batch {
+        let answer = apply(&tx, job.op);
+        answers.push((job.reply, answer));
+    }
+    match tx.commit() {
+        Ok(()) => {
+            for (reply, answer) in answers {
+                let _ = reply.send(answer);
+            }
+        }
+        Err(e) => {
+            // The commit failed: nothing of this batch is durable, so no answer may say it is.
+            let message = format!("commit failed ({e})");
+            let kind = sql_error("", e).kind();
+            for (reply, _) in answers {
+                let _ = reply.send(Err(StoreError::new(BACKEND, kind, message.clone())));
+            }
+        }
+    }
+}
+
+fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, StoreError> {
+    match op {
+        Op::Claim {
+            tenant,
+            key,
+            tool,
+            fingerprint,
+            now,
+            lease,
+            ttl,
+        } => {
+            let held = read_held(tx, &tenant, &key)?;
+            let claim = match decide(held.as_ref().map(|h| h.0), fingerprint, now) {
+                Decision::Mismatch => Claim::Mismatch,
+                Decision::InFlight { lease_expires_at } => Claim::InFlight { lease_expires_at },
+                Decision::Replay => Claim::Completed {
+                    result: held.and_then(|h| h.1).unwrap_or_default(),
+                },
+                Decision::Insert => {
+                    let token = FencingToken::generate();
+                    tx.prepare_cached(
+                        "INSERT OR REPLACE INTO idem_records (tenant, key, tool, fingerprint, \
+                         status, token, lease_expires_at, created_at, expires_at, result) \
+                         VALUES (?1, ?2, ?3, ?4, 'in_flight', ?5, ?6, ?7, ?8, NULL)",
+                    )
+                    .and_then(|mut s| {
+                        s.execute(params![
+                            tenant,
+                            &key.as_bytes()[..],
+                            tool,
+                            &fingerprint.as_bytes()[..],
+                            token.get() as i64,
+                            db_time(after(now, lease)),
+                            db_time(now),
+                            db_time(after(now, ttl)),
+                        ])
+                    })
+                    .map_err(|e| sql_error("claim", e))?;
+                    Claim::Acquired {
+                        token,
+                        takeover: false,
+                    }
+                }
+                Decision::Takeover => {
+                    let token = FencingToken::generate();
+                    tx.prepare_cached(
+                        "UPDATE idem_records SET token = ?3, lease_expires_at = ?4 \
+                         WHERE tenant = ?1 AND key = ?2",
+                    )
+                    .and_then(|mut s| {
+                        s.execute(params![
+                            tenant,
+                            &key.as_bytes()[..],
+                            token.get() as i64,
+                            db_time(after(now, lease)),
+                        ])
+                    })
+                    .map_err(|e| sql_error("claim", e))?;
+                    Claim::Acquired {
+                        token,
+                        takeover: true,
+                    }
+                }
+            };
+            Ok(Reply::Claim(claim))
+        }
+        Op::Complete {
+            tenant,
+            key,
+            token,
+            result,
+            expires_at,
+        } => {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE idem_records SET status = 'completed', result = ?4, expires_at = ?5 \
+                     WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        tenant,
+                        &key.as_bytes()[..],
+                        token.get() as i64,
+                        result,
+                        db_time(expires_at),
+                    ])
+                })
+                .map_err(|e| sql_error("complete", e))?;
+            Ok(Reply::Fenced(if n == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            }))
+        }
+        Op::Release { tenant, key, token } => {
+            let n = tx
+                .prepare_cached(
+                    "DELETE FROM idem_records \
+                     WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![tenant, &key.as_bytes()[..], token.get() as i64])
+                })
+                .map_err(|e| sql_error("release", e))?;
+            Ok(Reply::Fenced(if n == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            }))
+        }
+        Op::Purge { now, limit } => {
+            let n = tx
+                .prepare_cached(
+                    "DELETE FROM idem_records WHERE (tenant, key) IN \
+                     (SELECT tenant, key FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
+                )
+                .and_then(|mut s| s.execute(params![db_time(now), limit as i64]))
+                .map_err(|e| sql_error("purge", e))?;
+            Ok(Reply::Purged(n))
+        }
+    }
+}
+
+fn unexpected() -> StoreError {
+    StoreError::new(
+        BACKEND,
+        StoreErrorKind::Other,
+        "the writer answered another operation",
+    )
+}
+
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+        Box::pin(async move {
+            // A committed snapshot answers every claim that cannot write.
+            let snapshot = self.read(|conn| read_held(conn, req.tenant, &req.key))?;
+            if let Some((held, result)) = snapshot {
+                match decide(Some(held), req.fingerprint, req.now) {
+                    Decision::Replay => {
+                        return Ok(Claim::Completed {
+                            result: result.unwrap_or_default(),
+                        });
+                    }
+                    Decision::Mismatch => return Ok(Claim::Mismatch),
+                    Decision::InFlight { lease_expires_at } => {
+                        return Ok(Claim::InFlight { lease_expires_at });
+                    }
+                    Decision::Insert | Decision::Takeover => {}
+                }
+            }
+            let op = Op::Claim {
+                tenant: req.tenant.to_owned(),
+                key: req.key,
+                tool: req.tool.to_owned(),
+                fingerprint: req.fingerprint,
+                now: req.now,
+                lease: req.lease,
+                ttl: req.ttl,
+            };
+            match self.write(op).await? {
+                Reply::Claim(claim) => Ok(claim),
+                _ => Err(unexpected()),
+            }
+        })
+    }
+
+    fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let op = Op::Complete {
+                tenant: c.tenant.to_owned(),
+                key: c.key,
+                token: c.token,
+                result: c.result.to_vec(),
+                expires_at: after(c.now, c.ttl),
+            };
+            match self.write(op).await? {
+                Reply::Fenced(f) => Ok(f),
+                _ => Err(unexpected()),
+            }
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        token: FencingToken,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let op = Op::Release {
+                tenant: tenant.to_owned(),
+                key,
+                token,
+            };
+            match self.write(op).await? {
+                Reply::Fenced(f) => Ok(f),
+                _ => Err(unexpected()),
+            }
+        })
+    }
+
+    fn lookup<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+    ) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move {
+            self.read(|conn| {
+                type Row = (
+                    String,
+                    Vec<u8>,
+                    String,
+                    Vec<u8>,
+                    String,
+                    i64,
+                    i64,
+                    i64,
+                    i64,
+                    Option<Vec<u8>>,
+                );
+                let row: Option<Row> = conn
+                    .prepare_cached(SELECT_RECORD)
+                    .and_then(|mut stmt| {
+                        stmt.query_row(params![tenant, &key.as_bytes()[..]], |r| {
+                            Ok((
+                                r.get(0)?,
+                                r.get(1)?,
+                                r.get(2)?,
+                                r.get(3)?,
+                                r.get(4)?,
+                                r.get(5)?,
+                                r.get(6)?,
+                                r.get(7)?,
+                                r.get(8)?,
+                                r.get(9)?,
+                            ))
+                        })
+                        .optional()
+                    })
+                    .map_err(|e| sql_error("lookup", e))?;
+                row.map(
+                    |(tenant, key, tool, fp, st, token, lease, created, expires, result)| {
+                        Ok(Record {
+                            tenant,
+                            key: IdempotencyKey::from_bytes(bytes32("lookup", key)?),
+                            tool,
+                            fingerprint: Fingerprint::from_bytes(bytes32("lookup", fp)?),
+                            status: status("lookup", &st)?,
+                            token: FencingToken::from_raw(token as u64),
+                            lease_expires_at: lease.max(0) as u64,
+                            created_at: created.max(0) as u64,
+                            expires_at: expires.max(0) as u64,
+                            result,
+                        })
+                    },
+                )
+                .transpose()
+            })
+        })
+    }
+
+    fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
+        Box::pin(async move {
+            match self.write(Op::Purge { now, limit }).await? {
+                Reply::Purged(n) => Ok(n),
+                _ => Err(unexpected()),
+            }
+        })
+    }
+
+    fn health(&self) -> StoreFuture<'_, StoreHealth> {
+        Box::pin(async move {
+            self.read(|conn| {
+                let version: i64 = conn
+                    .query_row(
+                        "SELECT value FROM idem_meta WHERE name = 'schema_version'",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .map_err(|e| sql_error("reading the schema version", e))?;
+                let sync: i64 = conn
+                    .query_row("PRAGMA synchronous", [], |r| r.get(0))
+                    .map_err(|e| sql_error("reading synchronous", e))?;
+                Ok(StoreHealth {
+                    backend: BACKEND,
+                    schema_version: u32::try_from(version).unwrap_or(0),
+                    expected_schema_version: SCHEMA_VERSION,
+                    durable: sync >= 2,
+                })
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn temp_store() -> SqliteStore {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.keep().join("conformance.db");
+        SqliteStore::open_path(path).expect("open")
+    }
+
+    crate::store_conformance_tests!(temp_store());
+
+    #[test]
+    fn url_options_are_parsed_and_checked() {
+        let o = SqliteOptions::from_url_rest("data/idem.db?synchronous=normal&busy_timeout_ms=250")
+            .unwrap();
+        assert_eq!(o.path, PathBuf::from("data/idem.db"));
+        assert_eq!(o.synchronous, Synchronous::Normal);
+        assert_eq!(o.busy_timeout, Duration::from_millis(250));
+        assert!(
+            SqliteOptions::from_url_rest("")
+                .unwrap_err()
+                .contains("names no file")
+        );
+        assert!(
+            SqliteOptions::from_url_rest("a.db?synchronous=off")
+                .unwrap_err()
+                .contains("`full` or `normal`")
+        );
+        assert!(
+            SqliteOptions::from_url_rest("a.db?journal=x")
+                .unwrap_err()
+                .contains("unknown option `journal`")
+        );
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_not_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("newer.db");
+        drop(SqliteStore::open_path(&path).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        conn.execute(
+            "UPDATE idem_meta SET value = 99 WHERE name = 'schema_version'",
+            [],
+        )
+        .unwrap();
+        drop(conn);
+        let err = SqliteStore::open_path(&path).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Schema);
+        assert!(err.to_string().contains("schema version 99"), "{err}");
+        let conn = Connection::open(&path).unwrap();
+        let v: i64 = conn
+            .query_row(
+                "SELECT value FROM idem_meta WHERE name = 'schema_version'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(v, 99, "the file is left as it was");
+    }
+
+    #[test]
+    fn a_missing_directory_is_a_clear_error() {
+        let err = SqliteStore::open_path("/nonexistent-idem-dir/x.db").unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Unavailable);
+        assert!(
+            err.to_string().contains("directory does not exist"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dropped_table_fails_closed_with_a_schema_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dropped.db");
+        let store = SqliteStore::open_path(&path).unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("DROP TABLE idem_records")
+            .unwrap();
+        let key = crate::key::derive_key("t", "tool", &[]);
+        let err = store
+            .claim(ClaimRequest {
+                tenant: "t",
+                key,
+                tool: "tool",
+                fingerprint: Fingerprint::from_bytes([0; 32]),
+                now: 1,
+                lease: Duration::from_secs(1),
+                ttl: Duration::from_secs(1),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Schema, "{err}");
+    }
+
+    #[tokio::test]
+    async fn health_says_whether_commits_are_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let full = SqliteStore::open_path(dir.path().join("f.db")).unwrap();
+        assert!(full.health().await.unwrap().durable);
+        let normal = SqliteStore::open(
+            SqliteOptions::from_url_rest(&format!(
+                "{}?synchronous=normal",
+                dir.path().join("n.db").display()
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        assert!(!normal.health().await.unwrap().durable);
+    }
+}

@@ -1,0 +1,3 @@
+//! placeholder
+pub use idem_macros::idempotent;
+pub use idem_runtime::*;
