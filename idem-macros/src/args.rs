@@ -97,9 +97,13 @@ fn parse_paths(lit: &LitStr, option: &str) -> syn::Result<Vec<FieldPath>> {
         let raw = raw.trim();
         if raw.is_empty() {
             let msg = if text.trim().is_empty() {
-                format!("`{option}` is empty; name at least one parameter, e.g. `{option} = \"run_id, step_id\"`")
+                format!(
+                    "`{option}` is empty; name at least one parameter, e.g. `{option} = \"run_id, step_id\"`"
+                )
             } else {
-                format!("`{option}` has an empty entry; separate parameter names with single commas")
+                format!(
+                    "`{option}` has an empty entry; separate parameter names with single commas"
+                )
             };
             return Err(syn::Error::new(lit.span(), msg));
         }
@@ -122,7 +126,10 @@ fn parse_paths(lit: &LitStr, option: &str) -> syn::Result<Vec<FieldPath>> {
 fn parse_duration(lit: LitStr, option: &str) -> syn::Result<DurationArg> {
     match parse_millis(&lit.value()) {
         Ok(millis) => Ok(DurationArg { lit, millis }),
-        Err(msg) => Err(syn::Error::new(lit.span(), format!("invalid `{option}`: {msg}"))),
+        Err(msg) => Err(syn::Error::new(
+            lit.span(),
+            format!("invalid `{option}`: {msg}"),
+        )),
     }
 }
 
@@ -135,7 +142,10 @@ fn value(input: ParseStream<'_>, keyword: &Ident) -> syn::Result<LitStr> {
     }
     input.parse::<Token![=]>()?;
     input.parse::<LitStr>().map_err(|e| {
-        syn::Error::new(e.span(), format!("`{keyword}` takes a string literal: `{keyword} = \"…\"`"))
+        syn::Error::new(
+            e.span(),
+            format!("`{keyword}` takes a string literal: `{keyword} = \"…\"`"),
+        )
     })
 }
 
@@ -161,12 +171,20 @@ impl Parse for Args {
                 "key" => {
                     let lit = value(input, &keyword)?;
                     let paths = parse_paths(&lit, "key")?;
-                    set_once(&mut args.key, &keyword, (keyword.clone(), PathList { lit, paths }))?;
+                    set_once(
+                        &mut args.key,
+                        &keyword,
+                        (keyword.clone(), PathList { lit, paths }),
+                    )?;
                 }
                 "skip" => {
                     let lit = value(input, &keyword)?;
                     let paths = parse_paths(&lit, "skip")?;
-                    set_once(&mut args.skip, &keyword, (keyword.clone(), PathList { lit, paths }))?;
+                    set_once(
+                        &mut args.skip,
+                        &keyword,
+                        (keyword.clone(), PathList { lit, paths }),
+                    )?;
                 }
                 "name" => {
                     let lit = value(input, &keyword)?;
@@ -219,9 +237,9 @@ impl Parse for Args {
             if input.is_empty() {
                 break;
             }
-            input.parse::<Token![,]>().map_err(|e| {
-                syn::Error::new(e.span(), "expected `,` between options")
-            })?;
+            input
+                .parse::<Token![,]>()
+                .map_err(|e| syn::Error::new(e.span(), "expected `,` between options"))?;
         }
         Ok(args)
     }

@@ -71,7 +71,11 @@ impl Tool {
     }
 
     pub fn param_names(&self) -> String {
-        let mut names: Vec<String> = self.params.iter().map(|p| format!("`{}`", p.ident)).collect();
+        let mut names: Vec<String> = self
+            .params
+            .iter()
+            .map(|p| format!("`{}`", p.ident))
+            .collect();
         if self.has_receiver {
             names.insert(0, "`self`".into());
         }

@@ -3,7 +3,8 @@
 /// Parses a duration into milliseconds. Units: `ms`, `s`, `m`, `h`, `d`; several may follow each
 /// other (`1h30m`). Zero and overflow are errors.
 pub fn parse_millis(text: &str) -> Result<u64, String> {
-    let help = "expected a duration such as `24h`, `30s`, `500ms` or `1h30m` (units: ms, s, m, h, d)";
+    let help =
+        "expected a duration such as `24h`, `30s`, `500ms` or `1h30m` (units: ms, s, m, h, d)";
     let text = text.trim();
     if text.is_empty() {
         return Err(format!("the duration is empty; {help}"));
@@ -36,7 +37,9 @@ pub fn parse_millis(text: &str) -> Result<u64, String> {
             .ok_or_else(|| format!("`{text}` is too large"))?;
     }
     if total == 0 {
-        return Err(format!("`{text}` is zero; a zero duration would disable the protection"));
+        return Err(format!(
+            "`{text}` is zero; a zero duration would disable the protection"
+        ));
     }
     Ok(total)
 }
@@ -57,12 +60,26 @@ mod tests {
 
     #[test]
     fn errors_say_what_is_expected() {
-        for bad in ["", "h", "10", "10x", "1.5h", "0s", "-1s", "99999999999999999999d", "1h 30m"] {
+        for bad in [
+            "",
+            "h",
+            "10",
+            "10x",
+            "1.5h",
+            "0s",
+            "-1s",
+            "99999999999999999999d",
+            "1h 30m",
+        ] {
             let err = parse_millis(bad).unwrap_err();
             assert!(!err.is_empty(), "{bad}");
         }
         assert!(parse_millis("10").unwrap_err().contains("without a unit"));
-        assert!(parse_millis("10x").unwrap_err().contains("unknown unit `x`"));
+        assert!(
+            parse_millis("10x")
+                .unwrap_err()
+                .contains("unknown unit `x`")
+        );
         assert!(parse_millis("0s").unwrap_err().contains("zero"));
     }
 }

@@ -135,25 +135,16 @@ fn registration(checked: &Checked) -> TokenStream {
     }
 }
 
-fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
-    let (ok, err) = result_types(tool);
-    let ret_span = match &tool.item.sig.output {
+/// The span of the return type: the runtime call is spanned there, so that a return type that
+/// is not a `Result`, or whose value cannot be stored, is reported at it.
+fn return_span(tool: &Tool) -> Span {
+    match &tool.item.sig.output {
         ReturnType::Type(_, ty) => ty.span(),
         ReturnType::Default => Span::call_site(),
-    };
-    let arg_checks = tool.params.iter().map(|p| {
-        let ident = &p.ident;
-        quote_spanned!(p.ty.span()=> ::idem::__private::assert_argument(&#ident);)
-    });
-    let mut type_checks = quote! {
-        #(#arg_checks)*
-        ::idem::__private::assert_storable::<#ok>(::core::marker::PhantomData);
-    };
-    if keyed.on_error == OnError::Store {
-        type_checks.extend(quote_spanned! {ret_span=>
-            ::idem::__private::assert_storable_error::<#err>(::core::marker::PhantomData);
-        });
     }
+}
+
+fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     let parts = keyed.parts.iter().map(|part| {
         let name = part.path.dotted();
         let expr = path_expr(&part.path, part.span);
@@ -161,27 +152,34 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
             .part(#name, (&::idem::__private::KeyPartProbe(&#expr)).idem_key_part())
         }
     });
+    // One statement per argument, spanned at its type: a type that is not `Serialize` is one
+    // error, at the parameter.
     let args = tool.params.iter().map(|p| {
         let ident = &p.ident;
         let name = ident.to_string();
-        quote!(.arg(#name, &#ident))
+        quote_spanned! {p.ty.span()=>
+            let __idem_fingerprint =
+                ::idem::__private::ToolArgument::add_to(&#ident, __idem_fingerprint, #name);
+        }
     });
     let run = match keyed.on_error {
         OnError::Release => format_ident!("run_keyed"),
         OnError::Store => format_ident!("run_keyed_storing_errors"),
     };
     let body = body_future(tool);
+    let call = quote_spanned! {return_span(tool)=>
+        ::idem::__private::#run(&__IDEM_TOOL, __idem_key, __idem_fingerprint, #body).await
+    };
     quote! {
-        #type_checks
         let __idem_key = {
             #[allow(unused_imports)]
             use ::idem::__private::{OptionalKeyPart as _, RequiredKeyPart as _};
             ::idem::__private::KeyParts::new() #(#parts)*
         };
-        let __idem_fingerprint = ::idem::__private::ArgsFingerprint::new(__IDEM_TOOL.skip)
-            #(#args)*
-            .finish();
-        ::idem::__private::#run(&__IDEM_TOOL, __idem_key, __idem_fingerprint, #body).await
+        let __idem_fingerprint = ::idem::__private::ArgsFingerprint::new(__IDEM_TOOL.skip);
+        #(#args)*
+        let __idem_fingerprint = __idem_fingerprint.finish();
+        #call
     }
 }
 
@@ -195,7 +193,7 @@ fn generate(checked: &Checked) -> TokenStream {
         Form::Keyed(keyed) => keyed_call(tool, keyed),
         Form::Natural => {
             let body = body_future(tool);
-            quote!(::idem::__private::run_natural(&__IDEM_TOOL, #body).await)
+            quote_spanned!(return_span(tool)=> ::idem::__private::run_natural(&__IDEM_TOOL, #body).await)
         }
     };
     quote! {

@@ -138,7 +138,12 @@ fn check_name(lit: &LitStr, errors: &mut Errors) -> String {
     name
 }
 
-fn check_key(tool: &Tool, lit: &LitStr, paths: &[FieldPath], errors: &mut Errors) -> Vec<KeyPartPlan> {
+fn check_key(
+    tool: &Tool,
+    lit: &LitStr,
+    paths: &[FieldPath],
+    errors: &mut Errors,
+) -> Vec<KeyPartPlan> {
     let fn_name = &tool.item.sig.ident;
     let mut plans: Vec<KeyPartPlan> = Vec::new();
     for path in paths {
@@ -146,7 +151,10 @@ fn check_key(tool: &Tool, lit: &LitStr, paths: &[FieldPath], errors: &mut Errors
         if plans.iter().any(|p| p.path == *path) {
             errors.push(
                 span,
-                format!("key part `{}` is listed twice; list each part once", path.dotted()),
+                format!(
+                    "key part `{}` is listed twice; list each part once",
+                    path.dotted()
+                ),
             );
             continue;
         }
@@ -154,11 +162,20 @@ fn check_key(tool: &Tool, lit: &LitStr, paths: &[FieldPath], errors: &mut Errors
         let param = tool.param(root);
         if root == "self" {
             if !tool.has_receiver {
-                errors.push(span, format!("key part `{}` uses `self`, but `{fn_name}` has no `self` parameter", path.dotted()));
+                errors.push(
+                    span,
+                    format!(
+                        "key part `{}` uses `self`, but `{fn_name}` has no `self` parameter",
+                        path.dotted()
+                    ),
+                );
                 continue;
             }
             if path.segments.len() == 1 {
-                errors.push(span, "`self` cannot be a key part on its own; name a field, e.g. `self.account_id`");
+                errors.push(
+                    span,
+                    "`self` cannot be a key part on its own; name a field, e.g. `self.account_id`",
+                );
                 continue;
             }
         } else if param.is_none() {
@@ -174,7 +191,10 @@ fn check_key(tool: &Tool, lit: &LitStr, paths: &[FieldPath], errors: &mut Errors
         let mut broken = false;
         for segment in &path.segments {
             if let Some(reason) = volatile_reason(segment) {
-                errors.push(span, format!("key part `{}` cannot be a key: {reason}", path.dotted()));
+                errors.push(
+                    span,
+                    format!("key part `{}` cannot be a key: {reason}", path.dotted()),
+                );
                 broken = true;
                 break;
             }
@@ -193,7 +213,8 @@ fn check_key(tool: &Tool, lit: &LitStr, paths: &[FieldPath], errors: &mut Errors
             }
         }
         if let (Some(param), 1) = (param, path.segments.len()) {
-            if let Some(ty) = type_name(&param.ty).filter(|t| VOLATILE_TYPES.contains(&t.as_str())) {
+            if let Some(ty) = type_name(&param.ty).filter(|t| VOLATILE_TYPES.contains(&t.as_str()))
+            {
                 errors.push(
                     param.ty.span(),
                     format!(
@@ -263,7 +284,11 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
     let form = match (&args.mutating, &args.natural) {
         (Some(m), Some(n)) => {
             let position = |word: &str| args.order.iter().position(|o| o == word);
-            let later = if position("mutating") > position("natural") { m } else { n };
+            let later = if position("mutating") > position("natural") {
+                m
+            } else {
+                n
+            };
             errors.push(
                 later.span(),
                 "`mutating` and `natural` exclude each other: a tool either has a side effect to \
@@ -302,11 +327,18 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
                 on_error: args.on_error.as_ref().map_or(OnError::Release, |o| o.2),
                 ttl_ms: args.ttl.as_ref().map(|t| t.1.millis),
                 lease_ms: args.lease.as_ref().map(|l| l.1.millis),
-                skip: args.skip.as_ref().map(|s| s.1.paths.clone()).unwrap_or_default(),
+                skip: args
+                    .skip
+                    .as_ref()
+                    .map(|s| s.1.paths.clone())
+                    .unwrap_or_default(),
             }))
         }
         (None, None) => {
-            let span = args.key.as_ref().map_or_else(attribute_span, |k| k.0.span());
+            let span = args
+                .key
+                .as_ref()
+                .map_or_else(attribute_span, |k| k.0.span());
             errors.push(
                 span,
                 "say what the tool does: `mutating` (a side effect, guarded by `key = \"…\"`) or \
@@ -345,20 +377,52 @@ mod tests {
 
     #[test]
     fn volatile_names() {
-        for n in ["attempt", "retry_count", "now", "timestamp", "sent_at", "request_time", "tool_call_id", "nonce"] {
+        for n in [
+            "attempt",
+            "retry_count",
+            "now",
+            "timestamp",
+            "sent_at",
+            "request_time",
+            "tool_call_id",
+            "nonce",
+        ] {
             assert!(volatile_reason(n).is_some(), "{n}");
         }
-        for n in ["run_id", "step_id", "idempotency_key", "invoice_id", "status", "format"] {
+        for n in [
+            "run_id",
+            "step_id",
+            "idempotency_key",
+            "invoice_id",
+            "status",
+            "format",
+        ] {
             assert!(volatile_reason(n).is_none(), "{n}");
         }
     }
 
     #[test]
     fn pii_names() {
-        for n in ["email", "customer_email", "card", "card_number", "phone", "ssn", "nit", "password"] {
+        for n in [
+            "email",
+            "customer_email",
+            "card",
+            "card_number",
+            "phone",
+            "ssn",
+            "nit",
+            "password",
+        ] {
             assert!(pii_reason(n), "{n}");
         }
-        for n in ["card_id", "customer", "run_id", "unit", "nitrogen", "payment_method"] {
+        for n in [
+            "card_id",
+            "customer",
+            "run_id",
+            "unit",
+            "nitrogen",
+            "payment_method",
+        ] {
             assert!(!pii_reason(n), "{n}");
         }
     }

@@ -5,7 +5,6 @@
 //! decision is made here, in ordinary, unit-tested Rust.
 
 use std::future::Future;
-use std::marker::PhantomData;
 use std::time::Duration;
 
 use serde::de::{DeserializeOwned, IgnoredAny};
@@ -16,6 +15,7 @@ pub use inventory;
 pub use crate::fingerprint::ArgsFingerprint;
 pub use crate::registry::{ErrorPolicy, Registration, ToolInfo};
 
+use crate::ToolResult;
 use crate::canonical::CanonicalError;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
@@ -91,41 +91,41 @@ impl Default for KeyParts {
     }
 }
 
-/// The type check behind the macro's "cannot be fingerprinted" diagnostic.
+/// An argument of a keyed tool: anything `Serialize`. Adding it to the fingerprint through this
+/// trait makes a non-serializable argument one error, at the parameter, with this message.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be fingerprinted: every argument of an `#[idempotent]` tool must implement `serde::Serialize`",
     label = "this argument is not `Serialize`",
     note = "derive it: `#[derive(serde::Serialize)]`; the fingerprint detects a retry with changed arguments"
 )]
-pub trait ToolArgument {}
-impl<T: Serialize + ?Sized> ToolArgument for T {}
+pub trait ToolArgument {
+    /// Adds `self` to the fingerprint input under `name`.
+    fn add_to<'s>(&self, fingerprint: ArgsFingerprint<'s>, name: &str) -> ArgsFingerprint<'s>;
+}
 
-/// Fails to compile, at the argument, when it cannot be fingerprinted.
-pub fn assert_argument<T: ToolArgument + ?Sized>(_: &T) {}
+impl<T: Serialize + ?Sized> ToolArgument for T {
+    fn add_to<'s>(&self, fingerprint: ArgsFingerprint<'s>, name: &str) -> ArgsFingerprint<'s> {
+        fingerprint.arg(name, self)
+    }
+}
 
-/// The type check behind the macro's "cannot be stored" diagnostic.
+/// The value a keyed tool returns: stored for replays, so `Serialize + DeserializeOwned`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored for replay: the value an `#[idempotent]` tool returns must implement `serde::Serialize` and `serde::Deserialize`",
     label = "this type is not `Serialize + DeserializeOwned`",
     note = "derive both: `#[derive(serde::Serialize, serde::Deserialize)]`; a retry gets the stored value back"
 )]
-pub trait StorableResult {}
+pub trait StorableResult: Serialize + DeserializeOwned {}
 impl<T: Serialize + DeserializeOwned> StorableResult for T {}
 
-/// Fails to compile, at the return type, when the value cannot be stored.
-pub fn assert_storable<T: StorableResult>(_: PhantomData<T>) {}
-
-/// The type check behind the macro's "the error cannot be stored" diagnostic.
+/// The error of a tool with `on_error = "store"`: stored for replays.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored for replay: with `on_error = \"store\"` the tool's error type must implement `serde::Serialize` and `serde::Deserialize`",
     label = "this error type is not `Serialize + DeserializeOwned`",
     note = "derive both, or use `on_error = \"release\"` (the default) to let a corrected retry run instead"
 )]
-pub trait StorableError {}
+pub trait StorableError: Serialize + DeserializeOwned {}
 impl<T: Serialize + DeserializeOwned> StorableError for T {}
-
-/// Fails to compile, at the return type, when the error cannot be stored.
-pub fn assert_storable_error<T: StorableError>(_: PhantomData<T>) {}
 
 /// What a record stores: the body's value or, under `on_error = "store"`, its error.
 #[derive(Serialize)]
@@ -181,43 +181,56 @@ impl<E: Serialize + DeserializeOwned> ErrorHandling<E> for StoreErrors {
 }
 
 /// Runs a keyed tool whose errors release the claim (`on_error = "release"`, the default).
-pub async fn run_keyed<T, E, F>(
+pub async fn run_keyed<R, F>(
     tool: &'static ToolInfo,
     key: KeyParts,
     fingerprint: Result<Fingerprint, CanonicalError>,
     body: F,
-) -> Result<Outcome<T>, Error<E>>
+) -> Result<Outcome<R::Ok>, Error<R::Err>>
 where
-    T: Serialize + DeserializeOwned,
-    F: Future<Output = Result<T, E>>,
+    R: ToolResult,
+    R::Ok: StorableResult,
+    F: Future<Output = R>,
 {
-    execute::<T, E, F, Release>(tool, key, fingerprint, body).await
+    execute::<R::Ok, R::Err, _, Release>(tool, key, fingerprint, async { body.await.into_result() })
+        .await
 }
 
 /// Runs a keyed tool whose errors are stored and replayed (`on_error = "store"`).
-pub async fn run_keyed_storing_errors<T, E, F>(
+pub async fn run_keyed_storing_errors<R, F>(
     tool: &'static ToolInfo,
     key: KeyParts,
     fingerprint: Result<Fingerprint, CanonicalError>,
     body: F,
-) -> Result<Outcome<T>, Error<E>>
+) -> Result<Outcome<R::Ok>, Error<R::Err>>
 where
-    T: Serialize + DeserializeOwned,
-    E: Serialize + DeserializeOwned,
-    F: Future<Output = Result<T, E>>,
+    R: ToolResult,
+    R::Ok: StorableResult,
+    R::Err: StorableError,
+    F: Future<Output = R>,
 {
-    execute::<T, E, F, StoreErrors>(tool, key, fingerprint, body).await
+    execute::<R::Ok, R::Err, _, StoreErrors>(tool, key, fingerprint, async {
+        body.await.into_result()
+    })
+    .await
 }
 
 /// Runs a naturally idempotent tool: no key, no store, always `Fresh`.
-pub async fn run_natural<T, E, F>(_tool: &'static ToolInfo, body: F) -> Result<Outcome<T>, Error<E>>
+pub async fn run_natural<R, F>(
+    _tool: &'static ToolInfo,
+    body: F,
+) -> Result<Outcome<R::Ok>, Error<R::Err>>
 where
-    F: Future<Output = Result<T, E>>,
+    R: ToolResult,
+    F: Future<Output = R>,
 {
-    body.await.map(Outcome::Fresh).map_err(|error| Error::Tool {
-        error,
-        replayed: false,
-    })
+    body.await
+        .into_result()
+        .map(Outcome::Fresh)
+        .map_err(|error| Error::Tool {
+            error,
+            replayed: false,
+        })
 }
 
 async fn execute<T, E, F, H>(

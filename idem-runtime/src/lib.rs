@@ -51,11 +51,16 @@ pub trait ToolResult: sealed::Sealed {
     type Ok;
     /// The error.
     type Err;
+    /// The value as a plain `Result`.
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
 }
 
 impl<T, E> ToolResult for Result<T, E> {
     type Ok = T;
     type Err = E;
+    fn into_result(self) -> Result<T, E> {
+        self
+    }
 }
 
 mod sealed {

@@ -254,8 +254,10 @@ impl Scope {
     ///
     /// The scope is task-local: a task spawned inside `fut` does not inherit it; wrap the spawned
     /// future in `scope.run(…)` too.
-    pub async fn run<F: Future>(&self, fut: F) -> F::Output {
-        CURRENT.scope(self.clone(), fut).await
+    /// The returned future owns a clone of the scope, so it can be spawned:
+    /// `tokio::spawn(scope.run(tool(…)))`.
+    pub fn run<F: Future>(&self, fut: F) -> impl Future<Output = F::Output> + use<F> {
+        CURRENT.scope(self.clone(), fut)
     }
 
     /// The tenant.

@@ -1,0 +1,128 @@
+//! Shared helpers of the integration tests: an effect ledger and stores that fail or count.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idem::store::memory::MemoryStore;
+use idem::store::{
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Store, StoreFuture, StoreHealth,
+    UnixMillis,
+};
+use idem::{IdempotencyKey, StoreError, StoreErrorKind};
+
+/// How many times each intent's effect really happened, by a test-unique id.
+static LEDGER: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
+
+/// Records one effect for `id`.
+pub fn effect(id: &str) {
+    let mut guard = LEDGER.lock().unwrap();
+    *guard
+        .get_or_insert_with(HashMap::new)
+        .entry(id.to_owned())
+        .or_default() += 1;
+}
+
+/// How many effects `id` had.
+pub fn effects(id: &str) -> usize {
+    LEDGER
+        .lock()
+        .unwrap()
+        .as_ref()
+        .and_then(|m| m.get(id).copied())
+        .unwrap_or(0)
+}
+
+/// A test-unique id.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A store that fails every operation, as an unreachable server would.
+pub struct DownStore;
+
+fn down() -> StoreError {
+    StoreError::new("down", StoreErrorKind::Unavailable, "connection refused")
+}
+
+impl Store for DownStore {
+    fn backend(&self) -> &'static str {
+        "down"
+    }
+    fn claim<'a>(&'a self, _: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+        Box::pin(async { Err(down()) })
+    }
+    fn complete<'a>(&'a self, _: Completion<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async { Err(down()) })
+    }
+    fn release<'a>(
+        &'a self,
+        _: &'a str,
+        _: IdempotencyKey,
+        _: FencingToken,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async { Err(down()) })
+    }
+    fn lookup<'a>(&'a self, _: &'a str, _: IdempotencyKey) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async { Err(down()) })
+    }
+    fn purge_expired(&self, _: UnixMillis, _: usize) -> StoreFuture<'_, usize> {
+        Box::pin(async { Err(down()) })
+    }
+    fn health(&self) -> StoreFuture<'_, StoreHealth> {
+        Box::pin(async { Err(down()) })
+    }
+}
+
+/// A memory store that counts the operations it is asked for.
+#[derive(Default)]
+pub struct CountingStore {
+    pub inner: MemoryStore,
+    pub operations: AtomicUsize,
+}
+
+impl CountingStore {
+    pub fn count(&self) -> usize {
+        self.operations.load(Ordering::SeqCst)
+    }
+    fn tick(&self) {
+        self.operations.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Store for CountingStore {
+    fn backend(&self) -> &'static str {
+        "counting"
+    }
+    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+        self.tick();
+        self.inner.claim(req)
+    }
+    fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
+        self.tick();
+        self.inner.complete(c)
+    }
+    fn release<'a>(
+        &'a self,
+        t: &'a str,
+        k: IdempotencyKey,
+        tok: FencingToken,
+    ) -> StoreFuture<'a, Fenced> {
+        self.tick();
+        self.inner.release(t, k, tok)
+    }
+    fn lookup<'a>(&'a self, t: &'a str, k: IdempotencyKey) -> StoreFuture<'a, Option<Record>> {
+        self.tick();
+        self.inner.lookup(t, k)
+    }
+    fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
+        self.tick();
+        self.inner.purge_expired(now, limit)
+    }
+    fn health(&self) -> StoreFuture<'_, StoreHealth> {
+        self.tick();
+        self.inner.health()
+    }
+}
