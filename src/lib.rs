@@ -1,3 +1,178 @@
-//! placeholder
-pub use idem_macros::idempotent;
+//! # idem: make the tools of an LLM agent safe to retry
+//!
+//! Agents retry tools all the time: a network timeout, a generic retry handler, a model that
+//! calls again after an ambiguous error. When the tool has a side effect (charge a card, create a
+//! ticket, send a mail), a blind retry duplicates it. `idem` turns "called N times" into "it
+//! happened once".
+//!
+//! ```
+//! use idem::{Idem, Outcome, idempotent};
+//! # #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+//! # pub struct Payment { pub id: String, pub amount_cents: u64 }
+//! # #[derive(Debug)] pub struct PaymentError;
+//!
+//! #[idempotent(key = "run_id, step_id", mutating, name = "payments.register")]
+//! async fn register_payment(run_id: String, step_id: String, customer: String, amount_cents: u64)
+//!     -> Result<Payment, PaymentError>
+//! {
+//!     // the side effect: runs at most once per (tenant, run_id, step_id)
+//!     Ok(Payment { id: format!("pay_{customer}"), amount_cents })
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let idem = Idem::open("memory://").await?; // or sqlite://idem.db
+//! let tenant = idem.scope("tenant-a");
+//! let first = tenant.run(register_payment("r-9".into(), "3".into(), "cus_42".into(), 500)).await;
+//! let retry = tenant.run(register_payment("r-9".into(), "3".into(), "cus_42".into(), 500)).await;
+//! assert!(first.unwrap().is_fresh());
+//! assert!(matches!(retry.unwrap(), Outcome::Replayed(p) if p.amount_cents == 500));
+//! # Ok(()) }
+//! ```
+//!
+//! The attribute rewrites the tool to return `Result<Outcome<T>, idem::Error<E>>`: it
+//! canonicalizes the arguments, claims the key in a persistent store **before** the body runs,
+//! runs the body at most once, stores its result, and answers every retry from the store.
+//!
+//! | the store holds | and | the call returns | body runs? |
+//! |---|---|---|---|
+//! | nothing, or a record past its TTL | | [`Outcome::Fresh`] | yes |
+//! | a record | other arguments | [`Outcome::Mismatch`] | never |
+//! | a completed record | same arguments | [`Outcome::Replayed`] | never |
+//! | an in-flight record, lease live | same arguments | [`Outcome::InFlight`] | never |
+//! | an in-flight record, lease lapsed | same arguments | [`Outcome::Fresh`] (takeover) | yes |
+//!
+//! If the store cannot be reached the call fails closed with [`Error::Store`]: the body does not
+//! run. Keys, fingerprints and stores are described in [`idem_runtime`]; the options of the
+//! attribute in [`idempotent`].
+
+#[doc(inline)]
 pub use idem_runtime::*;
+
+/// Makes an async tool function safe to retry.
+///
+/// ```
+/// # use idem::idempotent;
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Ticket;
+/// #[idempotent(key = "run_id, step_id", mutating, name = "crm.create_ticket", ttl = "7d")]
+/// async fn create_ticket(run_id: String, step_id: u32, title: String) -> Result<Ticket, String> {
+///     Ok(Ticket)
+/// }
+/// ```
+///
+/// The function must be `async`, return `Result<T, E>` (or an alias of one), and declare what it
+/// does: `mutating` or `natural`. It is rewritten to return
+/// `Result<Outcome<T>, idem::Error<E>>`, and registered in [`registry`] for the startup
+/// [`audit`] and the tool report. Calls run inside a tenant's scope
+/// (`idem.scope(tenant).run(call)`) or under a process default (`idem.install(tenant)`);
+/// without either they fail closed with [`Error::NoRuntime`].
+///
+/// # `mutating`
+///
+/// The tool has a side effect. It must declare a `key`; the compiler refuses it otherwise:
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// #[idempotent(mutating)] // error: `mutating` tools must declare `key = "…"`
+/// async fn charge(run_id: String) -> Result<u64, String> { Ok(1) }
+/// ```
+///
+/// # `key = "run_id, step_id"`
+///
+/// The parameters that identify the *intent*, in order. Together with the tenant and the tool's
+/// name they derive the key (SHA-256, length-prefixed; only a short hash is ever shown). A part
+/// may be a field path into a parameter (`key = "req.run_id"`) or into `self`
+/// (`key = "self.account_id, ticket_ref"`), so tools whose arguments are one struct work.
+/// String parts must be 1 to 255 visible ASCII characters, checked before the store is touched.
+///
+/// Parts that change between attempts or look like personal data are refused at compile time:
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// #[idempotent(key = "run_id, attempt", mutating)] // error: `attempt` changes between attempts
+/// async fn charge(run_id: String, attempt: u32) -> Result<u64, String> { Ok(1) }
+/// ```
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// #[idempotent(key = "tool_call_id", mutating)] // error: the LLM's id names a message, not an effect
+/// async fn charge(tool_call_id: String) -> Result<u64, String> { Ok(1) }
+/// ```
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// #[idempotent(key = "email", mutating)] // error: looks like personal data
+/// async fn send_receipt(email: String) -> Result<(), String> { Ok(()) }
+/// ```
+///
+/// # Optional keys and `required`
+///
+/// A key part of type `Option<_>` makes the key optional, as the seeds advise for a
+/// client-supplied `idempotency_key`: when the caller passes `None` the call runs unprotected and
+/// returns [`Outcome::Unprotected`], never a silent replay. With `required`, `None` is
+/// [`Error::MissingKey`] and the body does not run.
+///
+/// ```
+/// # use idem::idempotent;
+/// #[idempotent(key = "idempotency_key", mutating, name = "mail.send")]
+/// async fn send_mail(idempotency_key: Option<String>, to: String) -> Result<(), String> { Ok(()) }
+/// ```
+///
+/// # `natural`
+///
+/// The tool is safe to repeat as it is (`set_status("active")`): it is registered, touches no
+/// store and always returns [`Outcome::Fresh`]. It takes no key options:
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// #[idempotent(natural, key = "entity")] // error: `key` does not apply to `natural` tools
+/// async fn set_status(entity: String) -> Result<(), String> { Ok(()) }
+/// ```
+///
+/// # `name = "payments.register"`
+///
+/// The stable name that goes into the key (default: the function's name). Set it, and renaming
+/// the Rust function keeps the stored keys; the audit warns about keyed tools without one.
+///
+/// # `ttl = "24h"` and `lease = "30s"`
+///
+/// How long a record lives (default 24 h, from completion) and how long an in-flight call blocks
+/// others before a retry may take it over (default 30 s). Units: `ms`, `s`, `m`, `h`, `d`,
+/// combinable (`1h30m`); checked at compile time, and a TTL shorter than the lease is refused:
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// #[idempotent(key = "run_id", mutating, ttl = "24 hours")] // error: not a duration
+/// async fn charge(run_id: String) -> Result<u64, String> { Ok(1) }
+/// ```
+///
+/// # `skip = "sent_at, req.trace_id"`
+///
+/// Arguments or fields left out of the fingerprint: volatile data a client library injects, which
+/// would otherwise turn a faithful retry into a mismatch.
+///
+/// # `on_error = "release" | "store"`
+///
+/// `release` (the default) deletes the claim when the body returns an error, so a corrected retry
+/// runs. `store` keeps the error and replays it (what Stripe does for requests that started
+/// executing); the error type must then be `Serialize + Deserialize`.
+///
+/// # Arguments and results
+///
+/// Every argument of a keyed tool must be `Serialize` (it is fingerprinted), and the value must
+/// be `Serialize + Deserialize` (it is stored for replays); otherwise the compiler says so at the
+/// parameter or the return type:
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// struct Connection;
+/// #[idempotent(key = "run_id", mutating)]
+/// async fn charge(run_id: String, conn: Connection) -> Result<u64, String> { Ok(1) }
+/// ```
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// #[idempotent(key = "run_id", mutating)] // error: `#[idempotent]` tools must be `async fn`
+/// fn charge(run_id: String) -> Result<u64, String> { Ok(1) }
+/// ```
+#[doc(inline)]
+pub use idem_macros::idempotent;

@@ -5,12 +5,16 @@
 //! - **Durable claims.** A claim is committed with `synchronous=FULL` (the default) before
 //!   [`Claim::Acquired`] is answered, so the tool body never runs on a claim that a crash, even
 //!   of the machine, could forget.
-//! - **Group commit.** One writer thread owns the write connection. It takes every operation
-//!   waiting in its queue, applies them in one transaction and commits once, so concurrent callers
-//!   share one `fsync` instead of queueing for one each. Answers are sent only after the commit.
+//! - **Group commit, led by a caller.** Writes queue up; the caller that finds no commit under
+//!   way becomes the *leader*: it takes everything queued, applies it in one transaction, commits
+//!   once, and answers every caller in the batch. Callers that arrive meanwhile queue for the next
+//!   batch, whose leader is the first of them. Concurrent callers thus share one `fsync`, and a
+//!   lone caller commits on its own thread without waiting for another to wake up. Answers are
+//!   sent only after the commit. (Like any use of SQLite from async code, a leader's commit blocks
+//!   its thread for the duration of the `fsync`.)
 //! - **Reads do not queue.** Replays, mismatches and in-flight answers are decided from a
 //!   committed snapshot on a pool of reader connections (WAL lets them run beside the writer);
-//!   only claims that may write go through the writer.
+//!   only claims that may write take the write path.
 //! - **Several processes.** Writers take SQLite's write lock (`BEGIN IMMEDIATE`, with a busy
 //!   timeout), so processes sharing one file still claim each key exactly once.
 //! - **A versioned schema**, created on open; a file written by a newer schema is refused.
@@ -19,9 +23,7 @@
 //! crash of the process but not a power loss; [`StoreHealth::durable`] says which you have.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::thread;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
@@ -40,7 +42,7 @@ const BACKEND: &str = "sqlite";
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// Most operations one transaction of the writer takes.
+/// Most operations one transaction takes.
 const MAX_BATCH: usize = 512;
 
 const SCHEMA: &str = "
@@ -153,13 +155,52 @@ impl std::fmt::Debug for SqliteStore {
 
 struct Shared {
     options: SqliteOptions,
-    writer: Mutex<mpsc::Sender<Job>>,
+    queue: Mutex<Queue>,
+    /// Wakes a lingering leader when a write is queued.
+    queued: Condvar,
+    /// The write connection; only the current leader locks it.
+    writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
+}
+
+/// Writes waiting for the next commit, and whether a leader is at work.
+#[derive(Default)]
+struct Queue {
+    jobs: Vec<Job>,
+    leading: bool,
 }
 
 struct Job {
     op: Op,
-    reply: oneshot::Sender<Result<Reply, StoreError>>,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// What a queued caller hears: its answer, or that it leads the next batch.
+enum Answer {
+    Done(Result<Reply, StoreError>),
+    Lead(LeadToken),
+}
+
+/// The leadership of the next batch, with the receiver's own operation. If it is dropped
+/// unused (the caller's future was dropped after it was sent), it passes itself on: the
+/// leadership is never lost.
+struct LeadToken {
+    shared: Arc<Shared>,
+    op: Option<Op>,
+}
+
+impl LeadToken {
+    fn take(mut self) -> Op {
+        self.op.take().expect("a lead token carries its operation")
+    }
+}
+
+impl Drop for LeadToken {
+    fn drop(&mut self) {
+        if self.op.take().is_some() {
+            hand_over(&self.shared);
+        }
+    }
 }
 
 enum Op {
@@ -219,7 +260,7 @@ fn closed() -> StoreError {
     StoreError::new(
         BACKEND,
         StoreErrorKind::Closed,
-        "the writer thread is gone (it panicked or the store was dropped)",
+        "a writer panicked while holding the write connection",
     )
 }
 
@@ -373,8 +414,7 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
 }
 
 impl SqliteStore {
-    /// Opens (or creates) the store at `options.path`, creates or checks the schema, and starts
-    /// the writer thread.
+    /// Opens (or creates) the store at `options.path` and creates or checks the schema.
     pub fn open(options: SqliteOptions) -> Result<Self, StoreError> {
         if let Some(dir) = options.path.parent().filter(|d| !d.as_os_str().is_empty())
             && !dir.is_dir()
@@ -390,22 +430,12 @@ impl SqliteStore {
         }
         let mut writer = open_connection(&options)?;
         migrate(&mut writer)?;
-        let (tx, rx) = mpsc::channel::<Job>();
-        thread::Builder::new()
-            .name("idem-sqlite-writer".into())
-            .spawn(move || write_loop(writer, rx))
-            .map_err(|e| {
-                StoreError::with_source(
-                    BACKEND,
-                    StoreErrorKind::Unavailable,
-                    "cannot start the writer thread",
-                    e,
-                )
-            })?;
         Ok(SqliteStore {
             shared: Arc::new(Shared {
                 options,
-                writer: Mutex::new(tx),
+                queue: Mutex::new(Queue::default()),
+                queued: Condvar::new(),
+                writer: Mutex::new(writer),
                 readers: Mutex::new(Vec::new()),
             }),
         })
@@ -438,30 +468,126 @@ impl SqliteStore {
         out
     }
 
+    /// Queues a write and waits for the commit that carries it, leading that commit if no one
+    /// else is.
     async fn write(&self, op: Op) -> Result<Reply, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.shared
-            .writer
+        let mut op = op;
+        let mut front = false;
+        loop {
+            let (reply, answer) = oneshot::channel();
+            let lead = {
+                let mut queue = self.shared.queue.lock().map_err(|_| closed())?;
+                let job = Job { op, reply };
+                if front {
+                    queue.jobs.insert(0, job);
+                } else {
+                    queue.jobs.push(job);
+                }
+                !std::mem::replace(&mut queue.leading, true) || front
+            };
+            self.shared.queued.notify_one();
+            if lead {
+                self.lead();
+            }
+            match answer.await.map_err(|_| closed())? {
+                Answer::Done(result) => return result,
+                // The previous leader handed the next batch to us: our job goes first.
+                Answer::Lead(token) => {
+                    op = token.take();
+                    front = true;
+                }
+            }
+        }
+    }
+
+    /// Leads commits. A lone caller commits its own write on its own thread: nothing to wait
+    /// for. When others are queued too, the leading moves to a blocking thread of the runtime,
+    /// which commits batch after batch until the queue is empty, so that no async worker is held
+    /// in `fsync` while there is work for it.
+    fn lead(&self) {
+        let contended = self
+            .shared
+            .queue
             .lock()
-            .map_err(|_| closed())?
-            .send(Job { op, reply })
-            .map_err(|_| closed())?;
-        answer.await.map_err(|_| closed())?
+            .map(|q| q.jobs.len() > 1)
+            .unwrap_or(false);
+        if contended && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let shared = self.shared.clone();
+            runtime.spawn_blocking(move || lead_rounds(&shared, usize::MAX, LINGER));
+            return;
+        }
+        lead_rounds(&self.shared, 1, Duration::ZERO);
     }
 }
 
-/// The writer thread: one transaction, one commit, for everything that queued meanwhile.
-fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Job>) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = Vec::with_capacity(16);
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+/// How long a leader on a blocking thread waits for more writes before it stops leading: the
+/// callers it just answered usually send their next write within this time.
+const LINGER: Duration = Duration::from_micros(500);
+
+/// Commits up to `rounds` batches, then hands the leadership on. When the queue is empty it
+/// waits up to `linger` for more, then ends the leadership.
+fn lead_rounds(shared: &Arc<Shared>, rounds: usize, linger: Duration) {
+    let guard = LeaderGuard(shared);
+    for _ in 0..rounds {
+        let batch: Vec<Job> = {
+            let Ok(mut queue) = shared.queue.lock() else {
+                return;
+            };
+            if queue.jobs.is_empty() && !linger.is_zero() {
+                queue = match shared.queued.wait_timeout(queue, linger) {
+                    Ok((queue, _)) => queue,
+                    Err(_) => return,
+                };
+            }
+            if queue.jobs.is_empty() {
+                queue.leading = false;
+                std::mem::forget(guard);
+                return;
+            }
+            let n = queue.jobs.len().min(MAX_BATCH);
+            queue.jobs.drain(..n).collect()
+        };
+        match shared.writer.lock() {
+            Ok(mut conn) => run_batch(&mut conn, batch),
+            Err(_) => {
+                for job in batch {
+                    let _ = job.reply.send(Answer::Done(Err(closed())));
+                }
             }
         }
-        run_batch(&mut conn, batch);
+    }
+    std::mem::forget(guard);
+    hand_over(shared);
+}
+
+/// Passes the leadership to the first queued caller that is still waiting, or ends it.
+fn hand_over(shared: &Arc<Shared>) {
+    let Ok(mut queue) = shared.queue.lock() else {
+        return;
+    };
+    while !queue.jobs.is_empty() {
+        let job = queue.jobs.remove(0);
+        let token = LeadToken {
+            shared: shared.clone(),
+            op: Some(job.op),
+        };
+        match job.reply.send(Answer::Lead(token)) {
+            Ok(()) => return,
+            // That caller gave up (its future was dropped): its write is not made. Disarm the
+            // token (we hold the queue lock) and try the next one.
+            Err(Answer::Lead(mut token)) => token.op = None,
+            Err(Answer::Done(_)) => unreachable!("we sent a lead"),
+        }
+    }
+    queue.leading = false;
+}
+
+/// If a leader unwinds, the leadership passes on instead of being held forever.
+struct LeaderGuard<'a>(&'a Arc<Shared>);
+
+impl Drop for LeaderGuard<'_> {
+    fn drop(&mut self) {
+        hand_over(self.0);
     }
 }
 
@@ -472,9 +598,11 @@ fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
             let message = format!("taking the write lock failed ({e})");
             let kind = sql_error("", e).kind();
             for job in batch {
-                let _ = job
-                    .reply
-                    .send(Err(StoreError::new(BACKEND, kind, message.clone())));
+                let _ = job.reply.send(Answer::Done(Err(StoreError::new(
+                    BACKEND,
+                    kind,
+                    message.clone(),
+                ))));
             }
             return;
         }
@@ -487,7 +615,7 @@ fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
     match tx.commit() {
         Ok(()) => {
             for (reply, answer) in answers {
-                let _ = reply.send(answer);
+                let _ = reply.send(Answer::Done(answer));
             }
         }
         Err(e) => {
@@ -495,7 +623,11 @@ fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
             let message = format!("commit failed ({e})");
             let kind = sql_error("", e).kind();
             for (reply, _) in answers {
-                let _ = reply.send(Err(StoreError::new(BACKEND, kind, message.clone())));
+                let _ = reply.send(Answer::Done(Err(StoreError::new(
+                    BACKEND,
+                    kind,
+                    message.clone(),
+                ))));
             }
         }
     }
@@ -628,7 +760,7 @@ fn unexpected() -> StoreError {
     StoreError::new(
         BACKEND,
         StoreErrorKind::Other,
-        "the writer answered another operation",
+        "the write path answered another operation",
     )
 }
 
