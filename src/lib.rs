@@ -176,3 +176,8 @@ pub use idem_runtime::*;
 /// ```
 #[doc(inline)]
 pub use idem_macros::idempotent;
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

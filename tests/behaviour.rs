@@ -727,5 +727,5 @@ async fn the_registry_lists_every_tool_and_the_report_is_sorted() {
         text.contains("2 tools share the name `payments.refund`"),
         "{text}"
     );
-    assert!(text.contains("tool `set_status`") == false, "{text}");
+    assert!(!text.contains("tool `set_status`"), "{text}");
 }

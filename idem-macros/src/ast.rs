@@ -12,8 +12,8 @@ pub struct Param {
 /// The return type: `Result<T, E>` as written, or something to resolve through `ToolResult`
 /// (an alias such as `anyhow::Result<T>`).
 pub enum Ret {
-    Explicit { ok: Type, err: Type },
-    Alias(Type),
+    Explicit { ok: Box<Type>, err: Box<Type> },
+    Alias(Box<Type>),
 }
 
 pub struct Tool {
@@ -56,7 +56,7 @@ impl Tool {
                      replays and the error decides what happens to the claim",
                 ));
             }
-            ReturnType::Type(_, ty) => explicit_result(ty).unwrap_or(Ret::Alias((**ty).clone())),
+            ReturnType::Type(_, ty) => explicit_result(ty).unwrap_or(Ret::Alias(ty.clone())),
         };
         Ok(Tool {
             item,
@@ -110,8 +110,8 @@ fn explicit_result(ty: &Type) -> Option<Ret> {
         .collect();
     match types.as_slice() {
         [ok, err] if args.args.len() == 2 => Some(Ret::Explicit {
-            ok: (*ok).clone(),
-            err: (*err).clone(),
+            ok: Box::new((*ok).clone()),
+            err: Box::new((*err).clone()),
         }),
         _ => None,
     }

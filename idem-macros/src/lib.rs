@@ -1,9 +1,9 @@
 //! The `#[idempotent]` attribute of [idem](https://docs.rs/idem). Use it through the `idem`
 //! facade, whose documentation describes every option.
 //!
-//! The pipeline, one stage per file: [`args`] parses the attribute, [`ast`] builds the checked
-//! model of the tool fn, [`valid`] applies the semantic rules, [`expand`] writes the thin glue
-//! that calls the runtime, and [`fallback`] writes the error output (the `compile_error!` and the
+//! The pipeline, one stage per file: `args.rs` parses the attribute, `ast.rs` builds the checked
+//! model of the tool fn, `valid.rs` applies the semantic rules, `expand.rs` writes the thin glue
+//! that calls the runtime, and `fallback.rs` writes the error output (the `compile_error!` and the
 //! user's function, so that call sites still resolve).
 
 mod args;

@@ -212,18 +212,17 @@ fn check_key(
                 break;
             }
         }
-        if let (Some(param), 1) = (param, path.segments.len()) {
-            if let Some(ty) = type_name(&param.ty).filter(|t| VOLATILE_TYPES.contains(&t.as_str()))
-            {
-                errors.push(
-                    param.ty.span(),
-                    format!(
-                        "key part `{root}` is a `{ty}`, which changes between attempts; every \
-                         retry would look like a new intent. Key on stable ids such as `run_id`"
-                    ),
-                );
-                broken = true;
-            }
+        if let (Some(param), 1) = (param, path.segments.len())
+            && let Some(ty) = type_name(&param.ty).filter(|t| VOLATILE_TYPES.contains(&t.as_str()))
+        {
+            errors.push(
+                param.ty.span(),
+                format!(
+                    "key part `{root}` is a `{ty}`, which changes between attempts; every \
+                     retry would look like a new intent. Key on stable ids such as `run_id`"
+                ),
+            );
+            broken = true;
         }
         if !broken {
             plans.push(KeyPartPlan {

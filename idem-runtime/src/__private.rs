@@ -100,11 +100,19 @@ impl Default for KeyParts {
 )]
 pub trait ToolArgument {
     /// Adds `self` to the fingerprint input under `name`.
-    fn add_to<'s>(&self, fingerprint: ArgsFingerprint<'s>, name: &str) -> ArgsFingerprint<'s>;
+    fn add_to<'s>(
+        &self,
+        fingerprint: ArgsFingerprint<'s>,
+        name: &'static str,
+    ) -> ArgsFingerprint<'s>;
 }
 
 impl<T: Serialize + ?Sized> ToolArgument for T {
-    fn add_to<'s>(&self, fingerprint: ArgsFingerprint<'s>, name: &str) -> ArgsFingerprint<'s> {
+    fn add_to<'s>(
+        &self,
+        fingerprint: ArgsFingerprint<'s>,
+        name: &'static str,
+    ) -> ArgsFingerprint<'s> {
         fingerprint.arg(name, self)
     }
 }

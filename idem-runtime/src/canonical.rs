@@ -13,7 +13,9 @@
 //! fingerprint. Below 2^53 the output is identical to JCS. Non-finite floats (`NaN`, `inf`) and
 //! non-string map keys other than integers are errors: they have no JSON form.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 
 use serde::ser::{self, Serialize};
 
@@ -52,47 +54,86 @@ pub fn to_canonical_json<T: Serialize + ?Sized>(
     skip: &[&[&str]],
 ) -> Result<Vec<u8>, CanonicalError> {
     let mut out = Vec::with_capacity(64);
-    value.serialize(Canon {
-        out: &mut out,
-        skip,
-    })?;
+    write_canonical(&mut out, value, skip)?;
     Ok(out)
 }
 
-/// An object under construction: members are collected, then written sorted.
+/// Appends the canonical JSON of `value` to `out`.
+fn write_canonical<T: Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    value: &T,
+    skip: &[&[&str]],
+) -> Result<(), CanonicalError> {
+    value.serialize(Canon { out, skip })
+}
+
+/// An object under construction: members are written, unsorted, into one buffer, then the
+/// object is written sorted.
 ///
 /// Used by the serializer for structs and maps, and by the fingerprint builder for the
 /// argument list of a tool.
 #[derive(Default)]
 pub(crate) struct Members {
-    entries: Vec<(String, Vec<u8>)>,
+    values: Vec<u8>,
+    entries: Vec<(Cow<'static, str>, Range<usize>)>,
 }
 
 impl Members {
     pub(crate) fn with_capacity(n: usize) -> Self {
         Members {
+            values: Vec::with_capacity(n * 16),
             entries: Vec::with_capacity(n),
         }
     }
 
-    pub(crate) fn push(&mut self, name: String, canonical_value: Vec<u8>) {
-        self.entries.push((name, canonical_value));
+    /// Adds member `name` with the canonical JSON of `value`, unless `skip` leaves it out.
+    /// `skip` paths start at this object.
+    pub(crate) fn add<T: Serialize + ?Sized>(
+        &mut self,
+        name: Cow<'static, str>,
+        value: &T,
+        skip: &[&[&str]],
+    ) -> Result<(), CanonicalError> {
+        if skip.is_empty() {
+            return self.add_unskipped(name, value, &[]);
+        }
+        if skip.iter().any(|path| path.len() == 1 && path[0] == name) {
+            return Ok(());
+        }
+        let below: Vec<&[&str]> = skip
+            .iter()
+            .filter(|path| path.len() > 1 && path[0] == name)
+            .map(|path| &path[1..])
+            .collect();
+        self.add_unskipped(name, value, &below)
+    }
+
+    fn add_unskipped<T: Serialize + ?Sized>(
+        &mut self,
+        name: Cow<'static, str>,
+        value: &T,
+        skip_below: &[&[&str]],
+    ) -> Result<(), CanonicalError> {
+        let start = self.values.len();
+        write_canonical(&mut self.values, value, skip_below)?;
+        self.entries.push((name, start..self.values.len()));
+        Ok(())
     }
 
     /// Writes `{"a":…,"b":…}` with members in JCS order.
     pub(crate) fn write_to(mut self, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
         self.entries.sort_by(|a, b| compare_utf16(&a.0, &b.0));
         if let Some(pair) = self.entries.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(CanonicalError::DuplicateMember(pair[0].0.clone()));
+            return Err(CanonicalError::DuplicateMember(pair[0].0.to_string()));
         }
         out.push(b'{');
-        for (i, (name, value)) in self.entries.iter().enumerate() {
+        for (i, (name, range)) in self.entries.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
             write_str(out, name);
             out.push(b':');
-            out.extend_from_slice(value);
+            out.extend_from_slice(&self.values[range.clone()]);
         }
         out.push(b'}');
         Ok(())
@@ -140,31 +181,6 @@ pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
     }
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
-}
-
-/// The skip paths that continue below member `name`, with `name` taken off their front.
-fn skip_below<'a>(skip: &[&'a [&'a str]], name: &str) -> Vec<&'a [&'a str]> {
-    skip.iter()
-        .filter(|path| path.len() > 1 && path[0] == name)
-        .map(|path| &path[1..])
-        .collect()
-}
-
-/// Whether `skip` leaves out member `name` at this level.
-fn is_skipped(skip: &[&[&str]], name: &str) -> bool {
-    skip.iter().any(|path| path.len() == 1 && path[0] == name)
-}
-
-fn member_value<T: Serialize + ?Sized>(
-    value: &T,
-    name: &str,
-    skip: &[&[&str]],
-) -> Result<Vec<u8>, CanonicalError> {
-    if skip.is_empty() {
-        to_canonical_json(value, &[])
-    } else {
-        to_canonical_json(value, &skip_below(skip, name))
-    }
 }
 
 struct Canon<'a, 's> {
@@ -456,15 +472,10 @@ struct Object<'a, 's> {
 impl Object<'_, '_> {
     fn member<T: Serialize + ?Sized>(
         &mut self,
-        name: String,
+        name: Cow<'static, str>,
         value: &T,
     ) -> Result<(), CanonicalError> {
-        if is_skipped(self.skip, &name) {
-            return Ok(());
-        }
-        let value = member_value(value, &name, self.skip)?;
-        self.members.push(name, value);
-        Ok(())
+        self.members.add(name, value, self.skip)
     }
 
     fn finish(self) -> Result<(), CanonicalError> {
@@ -488,7 +499,7 @@ impl ser::SerializeMap for Object<'_, '_> {
             .pending_key
             .take()
             .ok_or_else(|| CanonicalError::Custom("map value without a key".into()))?;
-        self.member(name, v)
+        self.member(Cow::Owned(name), v)
     }
     fn end(self) -> Result<(), CanonicalError> {
         self.finish()
@@ -503,7 +514,7 @@ impl ser::SerializeStruct for Object<'_, '_> {
         name: &'static str,
         v: &T,
     ) -> Result<(), CanonicalError> {
-        self.member(name.to_owned(), v)
+        self.member(Cow::Borrowed(name), v)
     }
     fn end(self) -> Result<(), CanonicalError> {
         self.finish()
@@ -518,7 +529,7 @@ impl ser::SerializeStructVariant for Object<'_, '_> {
         name: &'static str,
         v: &T,
     ) -> Result<(), CanonicalError> {
-        self.member(name.to_owned(), v)
+        self.member(Cow::Borrowed(name), v)
     }
     fn end(self) -> Result<(), CanonicalError> {
         self.finish()

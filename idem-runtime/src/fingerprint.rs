@@ -6,6 +6,7 @@
 //! declared volatile fields left out (`skip = "sent_at"`), so that a timestamp injected by a client
 //! library does not either.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::Serialize;
@@ -63,6 +64,12 @@ pub struct ArgsFingerprint<'s> {
     error: Option<CanonicalError>,
 }
 
+impl std::fmt::Debug for ArgsFingerprint<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArgsFingerprint").finish_non_exhaustive()
+    }
+}
+
 impl<'s> ArgsFingerprint<'s> {
     /// Starts an empty argument list; `skip` paths start with an argument name.
     pub fn new(skip: &'s [&'s [&'s str]]) -> Self {
@@ -74,19 +81,15 @@ impl<'s> ArgsFingerprint<'s> {
     }
 
     /// Adds one argument under its parameter name.
-    pub fn arg<T: Serialize + ?Sized>(mut self, name: &str, value: &T) -> Self {
-        if self.error.is_some() || self.skip.iter().any(|p| p.len() == 1 && p[0] == name) {
-            return self;
-        }
-        let below: Vec<&[&str]> = self
-            .skip
-            .iter()
-            .filter(|p| p.len() > 1 && p[0] == name)
-            .map(|p| &p[1..])
-            .collect();
-        match to_canonical_json(value, &below) {
-            Ok(bytes) => self.members.push(name.to_owned(), bytes),
-            Err(e) => self.error = Some(e),
+    pub fn arg<T: Serialize + ?Sized>(
+        mut self,
+        name: impl Into<Cow<'static, str>>,
+        value: &T,
+    ) -> Self {
+        if self.error.is_none()
+            && let Err(e) = self.members.add(name.into(), value, self.skip)
+        {
+            self.error = Some(e);
         }
         self
     }

@@ -27,6 +27,8 @@ use crate::key::IdempotencyKey;
 
 pub mod memory;
 #[cfg(feature = "sqlite")]
+mod replay_cache;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 #[cfg(any(test, feature = "conformance"))]
@@ -259,7 +261,7 @@ pub fn after(now: UnixMillis, d: Duration) -> UnixMillis {
 ///
 /// Implementations must make [`Store::claim`] atomic per tenant + key and durable before they
 /// answer [`Claim::Acquired`], and must pass the conformance suite
-/// ([`conformance`], behind the `conformance` feature).
+/// (the `conformance` module, behind the `conformance` feature).
 pub trait Store: Send + Sync {
     /// The backend's name (`memory`, `sqlite`, …), for errors and reports.
     fn backend(&self) -> &'static str;

@@ -7,20 +7,25 @@
 //!   of the machine, could forget.
 //! - **Group commit, led by a caller.** Writes queue up; the caller that finds no commit under
 //!   way becomes the *leader*: it takes everything queued, applies it in one transaction, commits
-//!   once, and answers every caller in the batch. Callers that arrive meanwhile queue for the next
-//!   batch, whose leader is the first of them. Concurrent callers thus share one `fsync`, and a
-//!   lone caller commits on its own thread without waiting for another to wake up. Answers are
-//!   sent only after the commit. (Like any use of SQLite from async code, a leader's commit blocks
-//!   its thread for the duration of the `fsync`.)
+//!   once, and answers every caller in the batch. A lone caller commits on its own thread, without
+//!   waiting for another thread to wake up (its task is blocked for that one `fsync`, as with any
+//!   synchronous SQLite call). When others are queued too, the leading moves to a blocking thread
+//!   of the tokio runtime, which commits batch after batch (lingering 0.5 ms for more) so that no
+//!   async worker waits in `fsync` while there is work for it. Answers are sent only after the
+//!   commit; a leadership is handed on, never lost, even when a caller's future is dropped.
 //! - **Reads do not queue.** Replays, mismatches and in-flight answers are decided from a
 //!   committed snapshot on a pool of reader connections (WAL lets them run beside the writer);
 //!   only claims that may write take the write path.
 //! - **Several processes.** Writers take SQLite's write lock (`BEGIN IMMEDIATE`, with a busy
 //!   timeout), so processes sharing one file still claim each key exactly once.
 //! - **A versioned schema**, created on open; a file written by a newer schema is refused.
+//! - **Replays from memory.** A completed record cannot change before it expires, so replays
+//!   (and mismatches against it) found once are answered from a small in-process cache
+//!   (1024 records of up to 16 KiB by default, each trusted for at most 10 s).
 //!
-//! URL options: `sqlite://PATH?synchronous=full|normal&busy_timeout_ms=N`. `normal` survives a
-//! crash of the process but not a power loss; [`StoreHealth::durable`] says which you have.
+//! URL options: `sqlite://PATH?synchronous=full|normal&busy_timeout_ms=N&replay_cache=N`.
+//! `normal` survives a crash of the process but not a power loss; [`StoreHealth::durable`] says
+//! which you have. `replay_cache=0` turns the cache off.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
@@ -29,6 +34,7 @@ use std::time::Duration;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 use tokio::sync::oneshot;
 
+use super::replay_cache::{self, ReplayCache};
 use super::{
     Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Held, Record, RecordStatus,
     Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
@@ -91,6 +97,8 @@ pub struct SqliteOptions {
     pub synchronous: Synchronous,
     /// How long to wait for another process's write lock before failing with a timeout.
     pub busy_timeout: Duration,
+    /// How many completed records to keep in memory for replays (0: none). See below.
+    pub replay_cache: usize,
 }
 
 impl SqliteOptions {
@@ -100,6 +108,7 @@ impl SqliteOptions {
             path: path.into(),
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(5),
+            replay_cache: replay_cache::DEFAULT_CAPACITY,
         }
     }
 
@@ -122,6 +131,11 @@ impl SqliteOptions {
                         "`synchronous` must be `full` or `normal`, not `{value}`"
                     ));
                 }
+                ("replay_cache", v) => {
+                    options.replay_cache = v.parse().map_err(|_| {
+                        format!("`replay_cache` must be a number of entries (0 disables it), not `{value}`")
+                    })?;
+                }
                 ("busy_timeout_ms", v) => {
                     let ms: u64 = v.parse().map_err(|_| {
                         format!("`busy_timeout_ms` must be a whole number of milliseconds, not `{value}`")
@@ -130,7 +144,7 @@ impl SqliteOptions {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown option `{name}`; known: `synchronous`, `busy_timeout_ms`"
+                        "unknown option `{name}`; known: `synchronous`, `busy_timeout_ms`, `replay_cache`"
                     ));
                 }
             }
@@ -161,6 +175,7 @@ struct Shared {
     /// The write connection; only the current leader locks it.
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
+    replays: ReplayCache,
 }
 
 /// Writes waiting for the next commit, and whether a leader is at work.
@@ -233,6 +248,12 @@ enum Op {
 
 enum Reply {
     Claim(Claim),
+    /// A replay decided on the write path, with what the replay cache needs.
+    Replay {
+        result: Vec<u8>,
+        fingerprint: Fingerprint,
+        expires_at: UnixMillis,
+    },
     Fenced(Fenced),
     Purged(usize),
 }
@@ -289,34 +310,59 @@ fn status(op: &str, s: &str) -> Result<RecordStatus, StoreError> {
     })
 }
 
-type HeldRow = (Vec<u8>, String, i64, i64, Option<Vec<u8>>);
+/// What a claim decides on, and the stored result when the record is completed.
+type HeldRecord = (Held, Option<Vec<u8>>);
 
+/// Reads what a claim decides on, without allocating for the fixed-size columns. The result is
+/// copied only for completed records (the replay path).
 fn read_held(
     conn: &Connection,
     tenant: &str,
     key: &IdempotencyKey,
-) -> Result<Option<(Held, Option<Vec<u8>>)>, StoreError> {
-    let row: Option<HeldRow> = conn
+) -> Result<Option<HeldRecord>, StoreError> {
+    let mut stmt = conn
         .prepare_cached(SELECT_HELD)
-        .and_then(|mut stmt| {
-            stmt.query_row(params![tenant, &key.as_bytes()[..]], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })
-            .optional()
-        })
         .map_err(|e| sql_error("claim", e))?;
-    row.map(|(fp, st, lease, expires, result)| {
-        Ok((
-            Held {
-                fingerprint: Fingerprint::from_bytes(bytes32("claim", fp)?),
-                status: status("claim", &st)?,
-                lease_expires_at: lease.max(0) as u64,
-                expires_at: expires.max(0) as u64,
-            },
-            result,
-        ))
-    })
-    .transpose()
+    let mut rows = stmt
+        .query(params![tenant, &key.as_bytes()[..]])
+        .map_err(|e| sql_error("claim", e))?;
+    let Some(row) = rows.next().map_err(|e| sql_error("claim", e))? else {
+        return Ok(None);
+    };
+    let corrupt =
+        |what: &str| StoreError::new(BACKEND, StoreErrorKind::Corrupt, format!("claim: {what}"));
+    let column = |i| row.get_ref(i).map_err(|e| sql_error("claim", e));
+    let fingerprint: [u8; 32] = column(0)?
+        .as_blob()
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("the fingerprint column is not 32 bytes"))?;
+    let status = column(1)?
+        .as_str()
+        .ok()
+        .and_then(RecordStatus::parse)
+        .ok_or_else(|| corrupt("unknown status"))?;
+    let time = |i| -> Result<u64, StoreError> {
+        let t = column(i)?
+            .as_i64()
+            .map_err(|_| corrupt("a time column is not an integer"))?;
+        Ok(t.max(0) as u64)
+    };
+    let held = Held {
+        fingerprint: Fingerprint::from_bytes(fingerprint),
+        status,
+        lease_expires_at: time(2)?,
+        expires_at: time(3)?,
+    };
+    let result = match status {
+        RecordStatus::Completed => column(4)?
+            .as_blob_or_null()
+            .ok()
+            .flatten()
+            .map(<[u8]>::to_vec),
+        RecordStatus::InFlight => None,
+    };
+    Ok(Some((held, result)))
 }
 
 fn open_connection(options: &SqliteOptions) -> Result<Connection, StoreError> {
@@ -432,11 +478,12 @@ impl SqliteStore {
         migrate(&mut writer)?;
         Ok(SqliteStore {
             shared: Arc::new(Shared {
-                options,
                 queue: Mutex::new(Queue::default()),
                 queued: Condvar::new(),
                 writer: Mutex::new(writer),
                 readers: Mutex::new(Vec::new()),
+                replays: ReplayCache::new(options.replay_cache),
+                options,
             }),
         })
     }
@@ -648,9 +695,14 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, StoreError> {
             let claim = match decide(held.as_ref().map(|h| h.0), fingerprint, now) {
                 Decision::Mismatch => Claim::Mismatch,
                 Decision::InFlight { lease_expires_at } => Claim::InFlight { lease_expires_at },
-                Decision::Replay => Claim::Completed {
-                    result: held.and_then(|h| h.1).unwrap_or_default(),
-                },
+                Decision::Replay => {
+                    let (held, result) = held.expect("a replay has a record");
+                    return Ok(Reply::Replay {
+                        result: result.unwrap_or_default(),
+                        fingerprint: held.fingerprint,
+                        expires_at: held.expires_at,
+                    });
+                }
                 Decision::Insert => {
                     let token = FencingToken::generate();
                     tx.prepare_cached(
@@ -771,14 +823,20 @@ impl Store for SqliteStore {
 
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
-            // A committed snapshot answers every claim that cannot write.
+            let replays = &self.shared.replays;
+            if let Some(answer) = replays.get(req.tenant, &req.key, req.fingerprint, req.now) {
+                return Ok(answer);
+            }
+            // A committed snapshot answers every claim that cannot write, without queueing
+            // behind the commits of others.
             let snapshot = self.read(|conn| read_held(conn, req.tenant, &req.key))?;
             if let Some((held, result)) = snapshot {
                 match decide(Some(held), req.fingerprint, req.now) {
                     Decision::Replay => {
-                        return Ok(Claim::Completed {
-                            result: result.unwrap_or_default(),
-                        });
+                        let result = result.unwrap_or_default();
+                        let (tenant, key) = (req.tenant, req.key);
+                        replays.put(tenant, key, held.fingerprint, &result, held.expires_at);
+                        return Ok(Claim::Completed { result });
                     }
                     Decision::Mismatch => return Ok(Claim::Mismatch),
                     Decision::InFlight { lease_expires_at } => {
@@ -798,6 +856,14 @@ impl Store for SqliteStore {
             };
             match self.write(op).await? {
                 Reply::Claim(claim) => Ok(claim),
+                Reply::Replay {
+                    result,
+                    fingerprint,
+                    expires_at,
+                } => {
+                    replays.put(req.tenant, req.key, fingerprint, &result, expires_at);
+                    Ok(Claim::Completed { result })
+                }
                 _ => Err(unexpected()),
             }
         })
