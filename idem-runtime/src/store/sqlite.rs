@@ -1094,6 +1094,58 @@ mod tests {
         assert_eq!(err.kind(), StoreErrorKind::Schema, "{err}");
     }
 
+    /// Callers that give up while queued (their futures dropped, as an agent loop cancelling a
+    /// tool call does) never strand the leadership: everyone else is answered, and later writes
+    /// still commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropped_callers_never_strand_the_group_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SqliteStore::open_path(dir.path().join("drop.db")).unwrap());
+        let claim = |store: Arc<SqliteStore>, n: u32| async move {
+            let key = crate::key::derive_key("t", "tool", &[crate::key::KeyPart::new(&n).unwrap()]);
+            store
+                .claim(ClaimRequest {
+                    tenant: "t",
+                    key,
+                    tool: "tool",
+                    fingerprint: Fingerprint::from_bytes([1; 32]),
+                    now: 1_000,
+                    lease: Duration::from_secs(30),
+                    ttl: Duration::from_secs(60),
+                })
+                .await
+        };
+        for round in 0..20u32 {
+            let mut kept = tokio::task::JoinSet::new();
+            let mut dropped = Vec::new();
+            for i in 0..32 {
+                let task = tokio::spawn(claim(store.clone(), round * 100 + i));
+                if i % 3 == 0 {
+                    dropped.push(task);
+                } else {
+                    kept.spawn(async move { task.await });
+                }
+            }
+            tokio::task::yield_now().await;
+            for task in dropped {
+                task.abort();
+            }
+            let all = async {
+                while let Some(done) = kept.join_next().await {
+                    let claim = done.unwrap().unwrap().unwrap();
+                    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(30), all)
+                .await
+                .expect("every caller that stayed is answered (no stranded leadership)");
+        }
+        let last = tokio::time::timeout(Duration::from_secs(30), claim(store.clone(), 99_999))
+            .await
+            .expect("the store still commits");
+        assert!(matches!(last.unwrap(), Claim::Acquired { .. }));
+    }
+
     #[tokio::test]
     async fn health_says_whether_commits_are_durable() {
         let dir = tempfile::tempdir().unwrap();
