@@ -183,6 +183,8 @@ struct Shared {
 struct Queue {
     jobs: Vec<Job>,
     leading: bool,
+    /// A leader is waiting on `queued` for more writes.
+    lingering: bool,
 }
 
 struct Job {
@@ -522,7 +524,7 @@ impl SqliteStore {
         let mut front = false;
         loop {
             let (reply, answer) = oneshot::channel();
-            let lead = {
+            let (lead, wake) = {
                 let mut queue = self.shared.queue.lock().map_err(|_| closed())?;
                 let job = Job { op, reply };
                 if front {
@@ -530,9 +532,12 @@ impl SqliteStore {
                 } else {
                     queue.jobs.push(job);
                 }
-                !std::mem::replace(&mut queue.leading, true) || front
+                let lead = !std::mem::replace(&mut queue.leading, true) || front;
+                (lead, queue.lingering)
             };
-            self.shared.queued.notify_one();
+            if wake {
+                self.shared.queued.notify_one();
+            }
             if lead {
                 self.lead();
             }
@@ -581,10 +586,12 @@ fn lead_rounds(shared: &Arc<Shared>, rounds: usize, linger: Duration) {
                 return;
             };
             if queue.jobs.is_empty() && !linger.is_zero() {
+                queue.lingering = true;
                 queue = match shared.queued.wait_timeout(queue, linger) {
                     Ok((queue, _)) => queue,
                     Err(_) => return,
                 };
+                queue.lingering = false;
             }
             if queue.jobs.is_empty() {
                 queue.leading = false;
