@@ -729,3 +729,54 @@ async fn the_registry_lists_every_tool_and_the_report_is_sorted() {
     );
     assert!(!text.contains("tool `set_status`"), "{text}");
 }
+
+#[tokio::test]
+async fn a_background_purger_removes_expired_records_in_batches() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let store = Arc::new(idem::store::memory::MemoryStore::new());
+    let idem = Idem::builder()
+        .ttl(Duration::from_secs(60))
+        .clock(clock.clone())
+        .build(store.clone());
+    let tenant = idem.scope("tenant-a");
+    let runs: Vec<String> = (0..25).map(|_| unique("run")).collect();
+    for run in &runs {
+        assert!(tenant.run(call(run, 500)).await.unwrap().is_fresh());
+    }
+    let key = |run: &str| {
+        let parts = [
+            idem::key::KeyPart::new(run).unwrap(),
+            idem::key::KeyPart::new("step-1").unwrap(),
+        ];
+        idem::derive_key("tenant-a", "payments.register", &parts)
+    };
+    use idem::store::Store;
+    assert!(
+        store
+            .lookup("tenant-a", key(&runs[0]))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    clock.advance(Duration::from_secs(61));
+    let purger = idem.spawn_purger(Duration::from_millis(5), 10);
+    for _ in 0..2_000 {
+        if store
+            .lookup("tenant-a", key(&runs[24]))
+            .await
+            .unwrap()
+            .is_none()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    purger.abort();
+    for run in &runs {
+        assert!(
+            store.lookup("tenant-a", key(run)).await.unwrap().is_none(),
+            "purged"
+        );
+    }
+    assert_eq!(runs.iter().map(|r| effects(r)).sum::<usize>(), 25);
+}

@@ -127,6 +127,21 @@ impl Idem {
         self.inner.store.health().await
     }
 
+    /// Runs [`Idem::purge_expired`] every `every` on the current tokio runtime (which must have
+    /// timers enabled), until the returned handle is aborted or the runtime stops. A failed
+    /// purge is retried at the next tick: records past their TTL are never served anyway.
+    pub fn spawn_purger(&self, every: Duration, batch: usize) -> tokio::task::JoinHandle<()> {
+        let idem = self.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every.max(Duration::from_millis(1)));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let _ = idem.purge_expired(batch).await;
+            }
+        })
+    }
+
     /// Deletes records past their TTL, `batch` at a time, until none is left; returns how many.
     pub async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let batch = batch.max(1);
