@@ -394,11 +394,37 @@ fn open_connection(options: &SqliteOptions) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Switches the file to WAL. Several processes opening a new file at once race for that switch,
+/// and SQLite answers `SQLITE_BUSY` at once (without its busy handler) to the losers: they retry
+/// until the busy timeout, and find WAL already on.
+fn enable_wal(conn: &Connection, busy_timeout: Duration) -> Result<String, StoreError> {
+    let deadline = std::time::Instant::now() + busy_timeout;
+    loop {
+        let attempt = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))
+            .and_then(|mode| {
+                if mode.eq_ignore_ascii_case("wal") {
+                    Ok(mode)
+                } else {
+                    conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+                }
+            });
+        match attempt {
+            Ok(mode) => return Ok(mode),
+            Err(e)
+                if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(sql_error("enabling WAL", e)),
+        }
+    }
+}
+
 /// Creates the schema, or checks the one found, inside the write lock.
-fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-        .map_err(|e| sql_error("enabling WAL", e))?;
+fn migrate(conn: &mut Connection, busy_timeout: Duration) -> Result<(), StoreError> {
+    let mode = enable_wal(conn, busy_timeout)?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(StoreError::new(
             BACKEND,
@@ -477,7 +503,7 @@ impl SqliteStore {
             ));
         }
         let mut writer = open_connection(&options)?;
-        migrate(&mut writer)?;
+        migrate(&mut writer, options.busy_timeout)?;
         Ok(SqliteStore {
             shared: Arc::new(Shared {
                 queue: Mutex::new(Queue::default()),
