@@ -116,7 +116,7 @@ async fn a_mismatch_while_in_flight_is_reported_before_in_flight() {
         let (tenant, run) = (tenant.clone(), run.clone());
         async move { tenant.run(call(&run, 500)).await }
     });
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    wait_for_effects(&run, 1).await; // the first call holds its claim and is in its body
     let out = tenant.run(call(&run, 999)).await.unwrap();
     assert!(out.is_mismatch(), "{out:?}");
     assert!(running.await.unwrap().unwrap().is_fresh());
