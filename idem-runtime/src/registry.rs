@@ -175,11 +175,17 @@ pub fn tools() -> Vec<&'static ToolInfo> {
         .into_iter()
         .map(|r| r.0)
         .collect();
-    all.sort_by(|a, b| {
+    sort_tools(&mut all);
+    all
+}
+
+/// The one order of tools in listings and reports: by name, then where they are defined
+/// (registration order is unspecified, so it is never exposed).
+fn sort_tools(tools: &mut [&'static ToolInfo]) {
+    tools.sort_by(|a, b| {
         (a.name, a.module, a.function, a.file, a.line)
             .cmp(&(b.name, b.module, b.function, b.file, b.line))
     });
-    all
 }
 
 /// Writes a duration the way the attribute takes it: `24h`, `30s`, `1500ms`.
@@ -388,9 +394,7 @@ impl Report {
         default_ttl: Duration,
         default_lease: Duration,
     ) -> Self {
-        tools.sort_by(|a, b| {
-            (a.name, a.module, a.function, a.line).cmp(&(b.name, b.module, b.function, b.line))
-        });
+        sort_tools(&mut tools);
         Report {
             default_ttl,
             default_lease,
