@@ -386,6 +386,35 @@ async fn an_unreachable_store_fails_closed() {
 }
 
 #[tokio::test]
+async fn a_store_failing_at_completion_says_the_body_ran() {
+    let store = Arc::new(CountingStore::default());
+    store
+        .fail_completions
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let idem = Idem::with_store(store.clone());
+    let tenant = idem.scope("tenant-a");
+    let run = unique("run");
+    let err = tenant.run(call(&run, 500)).await.unwrap_err();
+    assert!(
+        matches!(err, Error::CompletionFailed { .. }),
+        "not a plain store error, which would say the body did not run: {err:?}"
+    );
+    assert!(err.body_ran() && !err.is_store());
+    assert!(!err.to_string().contains(&run), "no raw key in: {err}");
+    assert_eq!(effects(&run), 1);
+
+    store
+        .fail_completions
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let again = tenant.run(call(&run, 500)).await.expect("call");
+    assert!(
+        again.is_in_flight(),
+        "the unrecorded claim keeps the key until its lease lapses: {again:?}"
+    );
+    assert_eq!(effects(&run), 1, "the retry did not run the body again");
+}
+
+#[tokio::test]
 async fn an_invalid_key_is_refused_before_the_store_is_touched() {
     let store = Arc::new(CountingStore::default());
     let idem = Idem::with_store(store.clone());

@@ -358,7 +358,14 @@ where
             });
         }
         Some(Ok(bytes)) => {
-            if complete(bytes).await? == Fenced::Lost {
+            let completed = complete(bytes)
+                .await
+                .map_err(|source| Error::CompletionFailed {
+                    tool: name,
+                    key: key.short_hash(),
+                    source,
+                })?;
+            if completed == Fenced::Lost {
                 return Err(Error::LeaseLost {
                     tool: name,
                     key: key.short_hash(),

@@ -9,8 +9,8 @@ use crate::key::{InvalidKey, KeyHash};
 /// The error of a call of an `#[idempotent]` tool: `E` is the tool's own error type.
 ///
 /// Every variant but [`Error::Tool`] means the tool body did **not** run during this call,
-/// except [`Error::LeaseLost`] and [`Error::ResultNotStored`], which say that it ran but its
-/// result could not be recorded. No message contains a raw key or argument value.
+/// except [`Error::LeaseLost`], [`Error::ResultNotStored`] and [`Error::CompletionFailed`], which
+/// say that it ran but its result could not be recorded. No message contains a raw key or argument value.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error<E> {
@@ -75,6 +75,16 @@ pub enum Error<E> {
         /// The encoding error.
         source: serde_json::Error,
     },
+    /// The body ran, but the store failed while recording its result (it went down during the
+    /// call). The key stays claimed until its lease lapses; the result is lost.
+    CompletionFailed {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// Short hash of the key.
+        key: KeyHash,
+        /// The store's error.
+        source: StoreError,
+    },
     /// The stored result of an earlier call could not be decoded into the tool's return type
     /// (the type changed since it was stored).
     StoredResultUnreadable {
@@ -113,6 +123,7 @@ impl<E> Error<E> {
                 ..
             } | Error::LeaseLost { .. }
                 | Error::ResultNotStored { .. }
+                | Error::CompletionFailed { .. }
         )
     }
 
@@ -137,6 +148,9 @@ impl<E> Error<E> {
             Error::LeaseLost { tool, key } => Error::LeaseLost { tool, key },
             Error::ResultNotStored { tool, key, source } => {
                 Error::ResultNotStored { tool, key, source }
+            }
+            Error::CompletionFailed { tool, key, source } => {
+                Error::CompletionFailed { tool, key, source }
             }
             Error::StoredResultUnreadable { tool, key, source } => {
                 Error::StoredResultUnreadable { tool, key, source }
@@ -184,6 +198,11 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 f,
                 "tool `{tool}` (key {key}): the body ran but its result could not be encoded"
             ),
+            Error::CompletionFailed { tool, key, .. } => write!(
+                f,
+                "tool `{tool}` (key {key}): the body ran but the store failed while recording \
+                 its result; the key stays claimed until its lease lapses"
+            ),
             Error::StoredResultUnreadable { tool, key, .. } => write!(
                 f,
                 "tool `{tool}` (key {key}): the stored result does not decode into the \
@@ -202,6 +221,7 @@ impl<E: StdError + 'static> StdError for Error<E> {
             Error::Unfingerprintable { source, .. } => Some(source),
             Error::ResultNotStored { source, .. }
             | Error::StoredResultUnreadable { source, .. } => Some(source),
+            Error::CompletionFailed { source, .. } => Some(source),
             Error::MissingKey { .. }
             | Error::InvalidTenant { .. }
             | Error::NoRuntime { .. }
@@ -314,7 +334,7 @@ pub enum OpenError {
         /// The scheme that was asked for.
         scheme: String,
         /// The schemes this build supports.
-        available: &'static str,
+        available: String,
     },
     /// The backend failed to open.
     #[error(transparent)]

@@ -350,8 +350,9 @@ pub async fn audit_tools(idem: &Idem, tools: &[&'static ToolInfo]) -> Audit {
             tool: None,
             message: format!(
                 "the {} store does not survive a restart (or a power loss): a retry after one \
-                 runs the body again",
-                h.backend
+                 runs the body again{}",
+                h.backend,
+                h.detail.map(|d| format!(" ({d})")).unwrap_or_default()
             ),
         }),
         Ok(_) => {}

@@ -14,11 +14,26 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Default lease of an in-flight call: after it, a retry may take an orphaned call over.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-/// The schemes [`Idem::open`] accepts in this build.
-#[cfg(feature = "sqlite")]
-const SCHEMES: &str = "memory://, sqlite://PATH";
-#[cfg(not(feature = "sqlite"))]
-const SCHEMES: &str = "memory:// (enable the `sqlite` feature for sqlite://PATH)";
+/// The schemes [`Idem::open`] accepts in this build, and the features that add the others.
+fn schemes() -> String {
+    let mut on = vec!["memory://"];
+    let mut off = Vec::new();
+    let mut backend = |enabled: bool, scheme: &'static str, feature: &'static str| {
+        if enabled {
+            on.push(scheme);
+        } else {
+            off.push(format!("`{feature}` for {scheme}"));
+        }
+    };
+    backend(cfg!(feature = "sqlite"), "sqlite://PATH", "sqlite");
+    backend(cfg!(feature = "postgres"), "postgres://…", "postgres");
+    backend(cfg!(feature = "redis"), "redis://…", "redis");
+    let mut text = on.join(", ");
+    if !off.is_empty() {
+        text.push_str(&format!(" (enable the feature {})", off.join(", ")));
+    }
+    text
+}
 
 /// The idem runtime: a store and the defaults of every call. Cheap to clone.
 ///
@@ -54,7 +69,7 @@ impl std::fmt::Debug for Idem {
 
 impl Idem {
     /// Opens the store named by `url` with default settings:
-    /// `memory://` or `sqlite://PATH` (see [`IdemBuilder::open`]).
+    /// `memory://`, `sqlite://PATH`, `postgres://…` or `redis://…` (see [`IdemBuilder::open`]).
     pub async fn open(url: &str) -> Result<Idem, OpenError> {
         Idem::builder().open(url).await
     }
@@ -210,7 +225,15 @@ impl IdemBuilder {
     /// - `memory://`: in process memory, forgotten on exit (tests, demos);
     /// - `sqlite://PATH[?synchronous=full|normal&busy_timeout_ms=N]`: a file, created if missing
     ///   (`sqlite://idem.db` is relative to the working directory, `sqlite:///var/lib/idem.db`
-    ///   absolute).
+    ///   absolute);
+    /// - `postgres://USER@HOST[:PORT]/DATABASE[?schema=NAME&pool_size=N…]` (also `postgresql://`):
+    ///   the shared store for many processes and machines (see
+    ///   [`store::postgres`](crate::store::postgres) for every option);
+    /// - `redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME…]` (also `rediss://` is refused: no
+    ///   TLS in this build): the shared store whose records expire on their own (see
+    ///   [`store::redis`](crate::store::redis)).
+    ///
+    /// Passwords never appear in errors (`postgres://app:***@db/…`).
     pub async fn open(self, url: &str) -> Result<Idem, OpenError> {
         let Some((scheme, rest)) = url.split_once("://") else {
             return Err(OpenError::InvalidUrl {
@@ -243,9 +266,29 @@ impl IdemBuilder {
                     })??;
                 Ok(self.build(store))
             }
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => {
+                use crate::store::postgres::{PostgresOptions, PostgresStore};
+                let options =
+                    PostgresOptions::from_url(url).map_err(|reason| OpenError::InvalidUrl {
+                        url: redact_url(url),
+                        reason,
+                    })?;
+                Ok(self.build(PostgresStore::open(options).await?))
+            }
+            #[cfg(feature = "redis")]
+            "redis" => {
+                use crate::store::redis::{RedisOptions, RedisStore};
+                let options =
+                    RedisOptions::from_url(url).map_err(|reason| OpenError::InvalidUrl {
+                        url: redact_url(url),
+                        reason,
+                    })?;
+                Ok(self.build(RedisStore::open(options).await?))
+            }
             other => Err(OpenError::UnsupportedScheme {
                 scheme: other.to_owned(),
-                available: SCHEMES,
+                available: schemes(),
             }),
         }
     }

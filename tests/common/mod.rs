@@ -76,11 +76,13 @@ impl Store for DownStore {
     }
 }
 
-/// A memory store that counts the operations it is asked for.
+/// A memory store that counts the operations it is asked for, and can be told to fail
+/// completions (a store that goes down while the body runs).
 #[derive(Default)]
 pub struct CountingStore {
     pub inner: MemoryStore,
     pub operations: AtomicUsize,
+    pub fail_completions: std::sync::atomic::AtomicBool,
 }
 
 impl CountingStore {
@@ -102,6 +104,9 @@ impl Store for CountingStore {
     }
     fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
         self.tick();
+        if self.fail_completions.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(down()) });
+        }
         self.inner.complete(c)
     }
     fn release<'a>(

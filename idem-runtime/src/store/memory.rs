@@ -186,6 +186,7 @@ impl Store for MemoryStore {
                 schema_version: SCHEMA_VERSION,
                 expected_schema_version: SCHEMA_VERSION,
                 durable: false,
+                detail: Some("records live in process memory: a restart forgets them".into()),
             })
         })
     }

@@ -26,7 +26,11 @@ use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 
 pub mod memory;
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 mod replay_cache;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -199,6 +203,9 @@ pub struct StoreHealth {
     /// Whether a claim is durable (survives a crash of the process and of the machine) before
     /// the body runs.
     pub durable: bool,
+    /// Why the store is not durable, in the operator's terms (`None` when it is, or when the
+    /// backend has nothing to add).
+    pub detail: Option<String>,
 }
 
 /// What a claim does to the record it finds: the decision table of DESIGN §2, in one place.
@@ -266,6 +273,12 @@ pub trait Store: Send + Sync {
     /// The backend's name (`memory`, `sqlite`, …), for errors and reports.
     fn backend(&self) -> &'static str;
 
+    /// Whether the store deletes expired records by itself (Redis key expiry), so that
+    /// [`Store::purge_expired`] has nothing to do.
+    fn expires_on_its_own(&self) -> bool {
+        false
+    }
+
     /// Claims a key (see the module docs for the decision table).
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim>;
 
@@ -299,6 +312,9 @@ macro_rules! forward_store {
         impl<S: Store + ?Sized> Store for $ty {
             fn backend(&self) -> &'static str {
                 (**self).backend()
+            }
+            fn expires_on_its_own(&self) -> bool {
+                (**self).expires_on_its_own()
             }
             fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
                 (**self).claim(req)

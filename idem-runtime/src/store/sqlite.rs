@@ -1024,6 +1024,11 @@ impl Store for SqliteStore {
                     schema_version: u32::try_from(version).unwrap_or(0),
                     expected_schema_version: SCHEMA_VERSION,
                     durable: sync >= 2,
+                    detail: (sync < 2).then(|| {
+                        "synchronous=normal: a claim survives a crash of the process, not a \
+                         power loss"
+                            .to_owned()
+                    }),
                 })
             })
         })

@@ -1,0 +1,624 @@
+//! The shared Redis store: records that expire on their own.
+//!
+//! `Idem::open("redis://127.0.0.1:6379/0")` connects. What it guarantees:
+//!
+//! - **One round trip per claim and per completion.** Each is a Lua script, which Redis runs
+//!   atomically: the decision table of DESIGN §2 for the claim, the token check for the
+//!   completion and the release.
+//! - **Records expire on their own.** Each record is a hash with a Redis expiry equal to its TTL
+//!   (from the claim, then from the completion); nothing needs purging.
+//! - **Cluster-ready layout.** A record lives at `PREFIX:{TENANT}:KEY` where `TENANT` is the
+//!   tenant in hexadecimal: the braces are a hash tag, so all of a tenant's records hash to one
+//!   slot, and each script touches exactly one key.
+//! - **Connection loss is survivable.** One multiplexed connection, re-established when it
+//!   breaks; an operation whose connection broke before the answer is sent again once, and each
+//!   script recognises its own token, so sending it twice is harmless.
+//!
+//! **Durability depends on the server.** Redis answers a write before it reaches the disk. With
+//! `appendonly no` (the default of many installations) a restart of Redis forgets every claim,
+//! and a retry after it runs the body again; with `appendonly yes` and `appendfsync everysec` a
+//! crash of the server may forget the last second. Only `appendfsync always` makes a claim
+//! durable before the body runs. [`StoreHealth`] says which you have, and the startup audit
+//! warns when claims do not survive a restart.
+//!
+//! URL: `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB][?option=value&…]` with `prefix` (letters,
+//! digits, `_`, `-`, `.`; default `idem`), `timeout_ms` (connect and response timeout, default
+//! 5000) and `replay_cache` (entries, default 1024, 0 turns it off). TLS (`rediss://`) is not
+//! supported by this build.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+
+use super::replay_cache::{self, ReplayCache};
+use super::{
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, RecordStatus, Store,
+    StoreFuture, StoreHealth, UnixMillis, after,
+};
+use crate::error::{StoreError, StoreErrorKind};
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+
+const BACKEND: &str = "redis";
+
+/// The layout version this build writes (kept in `PREFIX:meta`).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight.
+/// Times travel as decimal strings and are only compared here (exact below 2^53 ms).
+const CLAIM: &str = r"
+local k = KEYS[1]
+local fp, now, token = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local h = redis.call('HMGET', k, 'fp', 'st', 'tok', 'lease', 'exp')
+if h[1] and tonumber(h[5]) > now then
+  if h[1] ~= fp then return {2} end
+  if h[2] == 'c' then return {3, h[5], redis.call('HGET', k, 'res')} end
+  if h[3] == token then return {0} end
+  if tonumber(h[4]) > now then return {4, h[4]} end
+  redis.call('HSET', k, 'tok', token, 'lease', ARGV[4])
+  return {1}
+end
+redis.call('DEL', k)
+redis.call('HSET', k, 'tenant', ARGV[7], 'tool', ARGV[8], 'fp', fp, 'st', 'i', 'tok', token,
+  'lease', ARGV[4], 'created', ARGV[2], 'exp', ARGV[5])
+redis.call('PEXPIRE', k, ARGV[6])
+return {0}
+";
+
+/// 1: applied (now, or by an earlier delivery of this very completion), 0: lost.
+const COMPLETE: &str = r"
+local k = KEYS[1]
+local h = redis.call('HMGET', k, 'tok', 'st', 'res')
+if h[1] ~= ARGV[1] then return 0 end
+if h[2] == 'c' then
+  if h[3] == ARGV[2] then return 1 end
+  return 0
+end
+redis.call('HSET', k, 'st', 'c', 'res', ARGV[2], 'exp', ARGV[3])
+redis.call('PEXPIRE', k, ARGV[4])
+return 1
+";
+
+const RELEASE: &str = r"
+local k = KEYS[1]
+local h = redis.call('HMGET', k, 'tok', 'st')
+if h[1] == ARGV[1] and h[2] == 'i' then
+  redis.call('DEL', k)
+  return 1
+end
+return 0
+";
+
+/// Options of a [`RedisStore`], usually taken from the URL.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    connection: String,
+    /// Prepended to every key (`PREFIX:{TENANT}:KEY`, `PREFIX:meta`).
+    pub prefix: String,
+    /// Connect and response timeout.
+    pub timeout: Duration,
+    /// How many completed records to keep in memory for replays (0: none).
+    pub replay_cache: usize,
+}
+
+impl RedisOptions {
+    /// Parses a `redis://` URL.
+    pub fn from_url(url: &str) -> Result<Self, String> {
+        if url.to_ascii_lowercase().starts_with("rediss://") {
+            return Err("TLS (`rediss://`) is not supported by this build".into());
+        }
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut options = RedisOptions {
+            connection: base.to_owned(),
+            prefix: "idem".into(),
+            timeout: Duration::from_secs(5),
+            replay_cache: replay_cache::DEFAULT_CAPACITY,
+        };
+        let mut passed_on = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match name {
+                "prefix" => {
+                    let ok = !value.is_empty()
+                        && value.len() <= 64
+                        && value
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                    if !ok {
+                        return Err(format!(
+                            "`prefix` must be 1 to 64 letters, digits, `_`, `-` or `.`, not `{value}`"
+                        ));
+                    }
+                    options.prefix = value.to_owned();
+                }
+                "timeout_ms" => {
+                    let ms: u64 = value.parse().ok().filter(|ms| *ms > 0).ok_or_else(|| {
+                        format!(
+                            "`timeout_ms` must be a positive number of milliseconds, not `{value}`"
+                        )
+                    })?;
+                    options.timeout = Duration::from_millis(ms);
+                }
+                "replay_cache" => {
+                    options.replay_cache = value.parse().map_err(|_| {
+                        format!("`replay_cache` must be a number of entries (0 disables it), not `{value}`")
+                    })?;
+                }
+                "protocol" => passed_on.push(pair),
+                _ => {
+                    return Err(format!(
+                        "unknown option `{name}`; known: `prefix`, `timeout_ms`, `replay_cache`, \
+                         `protocol`"
+                    ));
+                }
+            }
+        }
+        if !passed_on.is_empty() {
+            options.connection = format!("{base}?{}", passed_on.join("&"));
+        }
+        redis::Client::open(options.connection.as_str()).map_err(|e| e.to_string())?;
+        Ok(options)
+    }
+}
+
+/// The shared Redis [`Store`]. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: std::sync::Arc<str>,
+    scripts: std::sync::Arc<Scripts>,
+    replays: std::sync::Arc<ReplayCache>,
+}
+
+struct Scripts {
+    claim: Script,
+    complete: Script,
+    release: Script,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Classifies a driver error; the driver's own text stays in `source()`.
+fn redis_error(op: &str, e: RedisError) -> StoreError {
+    let (kind, cause) = if e.is_timeout() {
+        (StoreErrorKind::Timeout, "the server did not answer in time")
+    } else if e.is_connection_refusal() {
+        (StoreErrorKind::Unavailable, "cannot reach the server")
+    } else if e.is_connection_dropped() || e.is_io_error() {
+        (StoreErrorKind::Unavailable, "the connection was lost")
+    } else {
+        match e.kind() {
+            ErrorKind::AuthenticationFailed => (
+                StoreErrorKind::Unavailable,
+                "the server refused the credentials",
+            ),
+            ErrorKind::Server(ServerErrorKind::NoPerm) => (
+                StoreErrorKind::Unavailable,
+                "the user lacks a permission idem needs",
+            ),
+            ErrorKind::Server(ServerErrorKind::BusyLoading) => (
+                StoreErrorKind::Unavailable,
+                "the server is loading its data",
+            ),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown) => (
+                StoreErrorKind::Unavailable,
+                "the server does not accept writes",
+            ),
+            ErrorKind::Server(ServerErrorKind::ClusterDown | ServerErrorKind::TryAgain) => {
+                (StoreErrorKind::Unavailable, "the cluster is unavailable")
+            }
+            ErrorKind::Server(_) if e.code() == Some("WRONGTYPE") => (
+                StoreErrorKind::Corrupt,
+                "a key under idem's prefix holds something else",
+            ),
+            ErrorKind::Parse | ErrorKind::UnexpectedReturnType => (
+                StoreErrorKind::Corrupt,
+                "the server answered something unexpected",
+            ),
+            _ => (StoreErrorKind::Other, "the server reported an error"),
+        }
+    };
+    StoreError::with_source(BACKEND, kind, format!("{op}: {cause}"), e)
+}
+
+fn corrupt(op: &str, what: &str) -> StoreError {
+    StoreError::new(BACKEND, StoreErrorKind::Corrupt, format!("{op}: {what}"))
+}
+
+/// Times as Redis' Lua numbers can compare them exactly.
+fn time_arg(t: UnixMillis) -> String {
+    t.min(1 << 53).to_string()
+}
+
+fn millis_arg(d: Duration) -> String {
+    d.as_millis().clamp(1, 1 << 53).to_string()
+}
+
+fn int(op: &str, v: &Value) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(n) => Ok(*n),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| corrupt(op, "a number field is not a number")),
+        _ => Err(corrupt(op, "a number field has the wrong type")),
+    }
+}
+
+impl RedisStore {
+    /// Connects and checks the layout version.
+    pub async fn open(options: RedisOptions) -> Result<Self, StoreError> {
+        const OP: &str = "opening the store";
+        let client = redis::Client::open(options.connection.as_str()).map_err(|e| {
+            StoreError::with_source(
+                BACKEND,
+                StoreErrorKind::Other,
+                "malformed connection URL",
+                e,
+            )
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.timeout))
+            .set_response_timeout(Some(options.timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| redis_error(OP, e))?;
+        let store = RedisStore {
+            conn,
+            prefix: options.prefix.into(),
+            scripts: std::sync::Arc::new(Scripts {
+                claim: Script::new(CLAIM),
+                complete: Script::new(COMPLETE),
+                release: Script::new(RELEASE),
+            }),
+            replays: std::sync::Arc::new(ReplayCache::new(options.replay_cache)),
+        };
+        let found = store.layout_version(OP).await?;
+        if found > SCHEMA_VERSION {
+            return Err(StoreError::new(
+                BACKEND,
+                StoreErrorKind::Schema,
+                format!(
+                    "the prefix `{}` was written by a newer idem (layout version {found}); this \
+                     build understands up to {SCHEMA_VERSION}: upgrade idem, or use another `?prefix=`",
+                    store.prefix
+                ),
+            ));
+        }
+        let _: i64 = redis::cmd("HSETNX")
+            .arg(store.meta_key())
+            .arg("schema_version")
+            .arg(SCHEMA_VERSION)
+            .query_async(&mut store.conn.clone())
+            .await
+            .map_err(|e| redis_error(OP, e))?;
+        Ok(store)
+    }
+
+    /// Parses `url` and opens the store.
+    pub async fn open_url(url: &str) -> Result<Self, StoreError> {
+        let options = RedisOptions::from_url(url)
+            .map_err(|reason| StoreError::new(BACKEND, StoreErrorKind::Other, reason))?;
+        Self::open(options).await
+    }
+
+    fn meta_key(&self) -> String {
+        format!("{}:meta", self.prefix)
+    }
+
+    /// `PREFIX:{HEX(TENANT)}:HEX(KEY)`: hex keeps any tenant from forging a separator or a
+    /// hash tag, and keeps the mapping one-to-one.
+    fn record_key(&self, tenant: &str, key: &IdempotencyKey) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + 4 + tenant.len() * 2 + 64);
+        let hex = |out: &mut String, bytes: &[u8]| {
+            for b in bytes {
+                let _ = write!(out, "{b:02x}");
+            }
+        };
+        out.push_str(&self.prefix);
+        out.push_str(":{");
+        hex(&mut out, tenant.as_bytes());
+        out.push_str("}:");
+        hex(&mut out, key.as_bytes());
+        out
+    }
+
+    async fn layout_version(&self, op: &str) -> Result<u32, StoreError> {
+        let found: Option<u32> = redis::cmd("HGET")
+            .arg(self.meta_key())
+            .arg("schema_version")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| redis_error(op, e))?;
+        Ok(found.unwrap_or(SCHEMA_VERSION))
+    }
+
+    /// Runs a script; when the connection broke under it, once more (each script is written
+    /// so that a second delivery is harmless).
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        op: &str,
+        script: &Script,
+        key: &str,
+        args: &[&[u8]],
+    ) -> Result<T, StoreError> {
+        let mut invocation = script.key(key);
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let mut conn = self.conn.clone();
+        match invocation.invoke_async(&mut conn).await {
+            Err(e) if e.is_connection_dropped() || e.is_io_error() => invocation
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| redis_error(op, e)),
+            other => other.map_err(|e| redis_error(op, e)),
+        }
+    }
+}
+
+impl Store for RedisStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn expires_on_its_own(&self) -> bool {
+        true
+    }
+
+    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+        Box::pin(async move {
+            const OP: &str = "claim";
+            if let Some(answer) = self
+                .replays
+                .get(req.tenant, &req.key, req.fingerprint, req.now)
+            {
+                return Ok(answer);
+            }
+            let token = FencingToken::generate();
+            let (now, token_arg) = (time_arg(req.now), token.get().to_string());
+            let (lease_at, expires_at) = (
+                time_arg(after(req.now, req.lease)),
+                time_arg(after(req.now, req.ttl)),
+            );
+            let ttl = millis_arg(req.ttl);
+            let answer: Vec<Value> = self
+                .invoke(
+                    OP,
+                    &self.scripts.claim,
+                    &self.record_key(req.tenant, &req.key),
+                    &[
+                        req.fingerprint.as_bytes(),
+                        now.as_bytes(),
+                        token_arg.as_bytes(),
+                        lease_at.as_bytes(),
+                        expires_at.as_bytes(),
+                        ttl.as_bytes(),
+                        req.tenant.as_bytes(),
+                        req.tool.as_bytes(),
+                    ],
+                )
+                .await?;
+            let decision = answer
+                .first()
+                .ok_or_else(|| corrupt(OP, "empty answer"))
+                .and_then(|v| int(OP, v))?;
+            Ok(match (decision, answer.get(1), answer.get(2)) {
+                (0 | 1, _, _) => Claim::Acquired {
+                    token,
+                    takeover: decision == 1,
+                },
+                (2, _, _) => Claim::Mismatch,
+                (3, Some(expires_at), result) => {
+                    let result = match result {
+                        Some(Value::BulkString(bytes)) => bytes.clone(),
+                        _ => Vec::new(),
+                    };
+                    let expires_at = int(OP, expires_at)?.max(0) as u64;
+                    self.replays
+                        .put(req.tenant, req.key, req.fingerprint, &result, expires_at);
+                    Claim::Completed { result }
+                }
+                (4, Some(lease), _) => Claim::InFlight {
+                    lease_expires_at: int(OP, lease)?.max(0) as u64,
+                },
+                _ => return Err(corrupt(OP, "unknown decision")),
+            })
+        })
+    }
+
+    fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let token = c.token.get().to_string();
+            let expires_at = time_arg(after(c.now, c.ttl));
+            let ttl = millis_arg(c.ttl);
+            let applied: i64 = self
+                .invoke(
+                    "complete",
+                    &self.scripts.complete,
+                    &self.record_key(c.tenant, &c.key),
+                    &[
+                        token.as_bytes(),
+                        c.result,
+                        expires_at.as_bytes(),
+                        ttl.as_bytes(),
+                    ],
+                )
+                .await?;
+            Ok(if applied == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            })
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        token: FencingToken,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let token = token.get().to_string();
+            let deleted: i64 = self
+                .invoke(
+                    "release",
+                    &self.scripts.release,
+                    &self.record_key(tenant, &key),
+                    &[token.as_bytes()],
+                )
+                .await?;
+            Ok(if deleted == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            })
+        })
+    }
+
+    fn lookup<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+    ) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move {
+            const OP: &str = "lookup";
+            let fields: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+                .arg(self.record_key(tenant, &key))
+                .arg(&[
+                    "tenant", "tool", "fp", "st", "tok", "lease", "created", "exp", "res",
+                ])
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| redis_error(OP, e))?;
+            let [stored_tenant, tool, fp, st, tok, lease, created, exp, res]: [Option<Vec<u8>>; 9] =
+                fields
+                    .try_into()
+                    .map_err(|_| corrupt(OP, "wrong number of fields"))?;
+            let Some(fp) = fp else {
+                return Ok(None);
+            };
+            let text = |v: Option<Vec<u8>>| -> Result<String, StoreError> {
+                v.and_then(|b| String::from_utf8(b).ok())
+                    .ok_or_else(|| corrupt(OP, "a text field is missing or not UTF-8"))
+            };
+            let number = |v: Option<Vec<u8>>| -> Result<u64, StoreError> {
+                text(v)?
+                    .parse()
+                    .map_err(|_| corrupt(OP, "a number field is not a number"))
+            };
+            let status = match st.as_deref() {
+                Some(b"i") => RecordStatus::InFlight,
+                Some(b"c") => RecordStatus::Completed,
+                _ => return Err(corrupt(OP, "unknown status")),
+            };
+            Ok(Some(Record {
+                tenant: text(stored_tenant)?,
+                key,
+                tool: text(tool)?,
+                fingerprint: Fingerprint::from_bytes(
+                    fp.try_into()
+                        .map_err(|_| corrupt(OP, "the fingerprint is not 32 bytes"))?,
+                ),
+                status,
+                token: FencingToken::from_raw(number(tok)?),
+                lease_expires_at: number(lease)?,
+                created_at: number(created)?,
+                expires_at: number(exp)?,
+                result: match status {
+                    RecordStatus::Completed => Some(res.unwrap_or_default()),
+                    RecordStatus::InFlight => None,
+                },
+            }))
+        })
+    }
+
+    fn purge_expired(&self, _now: UnixMillis, _limit: usize) -> StoreFuture<'_, usize> {
+        // Records carry a Redis expiry; the server deletes them on its own.
+        Box::pin(async { Ok(0) })
+    }
+
+    fn health(&self) -> StoreFuture<'_, StoreHealth> {
+        Box::pin(async move {
+            const OP: &str = "health check";
+            let version = self.layout_version(OP).await?;
+            let info: String = redis::cmd("INFO")
+                .arg("persistence")
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| redis_error(OP, e))?;
+            let aof = info.lines().any(|line| line.trim() == "aof_enabled:1");
+            // CONFIG may be forbidden (managed services); then the fsync policy is unknown.
+            let fsync: Option<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("appendfsync")
+                .query_async::<Vec<String>>(&mut self.conn.clone())
+                .await
+                .ok()
+                .and_then(|pair| pair.into_iter().nth(1));
+            let durable = aof && fsync.as_deref() == Some("always");
+            let detail = match (aof, fsync.as_deref()) {
+                (false, _) => Some(
+                    "the server runs with appendonly no: a Redis restart forgets every claim"
+                        .to_owned(),
+                ),
+                (true, Some("always")) => None,
+                (true, Some(policy)) => Some(format!(
+                    "the server runs with appendfsync {policy}: a crash of the server may forget \
+                     the claims of the last second"
+                )),
+                (true, None) => Some(
+                    "the server's appendfsync policy cannot be read (CONFIG is not allowed)"
+                        .to_owned(),
+                ),
+            };
+            Ok(StoreHealth {
+                backend: BACKEND,
+                schema_version: version,
+                expected_schema_version: SCHEMA_VERSION,
+                durable,
+                detail,
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_options_are_parsed_and_checked() {
+        let o = RedisOptions::from_url("redis://127.0.0.1:6379/2?prefix=idem-test&timeout_ms=250")
+            .unwrap();
+        assert_eq!(o.prefix, "idem-test");
+        assert_eq!(o.timeout, Duration::from_millis(250));
+        assert_eq!(o.connection, "redis://127.0.0.1:6379/2");
+        assert!(RedisOptions::from_url("redis://h/0?prefix=a{b}").is_err());
+        assert!(RedisOptions::from_url("redis://h/0?prefix=a:b").is_err());
+        assert!(RedisOptions::from_url("redis://h/0?timeout_ms=0").is_err());
+        assert!(RedisOptions::from_url("rediss://h/0").is_err());
+    }
+
+    mod conformance {
+        crate::store_conformance_tests!(maybe: async {
+            let url = crate::store::conformance::test_server_url("IDEM_TEST_REDIS_URL")?;
+            Some(
+                super::RedisStore::open_url(&url)
+                    .await
+                    .expect("IDEM_TEST_REDIS_URL names a reachable server"),
+            )
+        });
+    }
+}
