@@ -215,6 +215,10 @@ fn redis_error(op: &str, e: RedisError) -> StoreError {
             ErrorKind::Server(ServerErrorKind::ClusterDown | ServerErrorKind::TryAgain) => {
                 (StoreErrorKind::Unavailable, "the cluster is unavailable")
             }
+            ErrorKind::Server(_) if e.to_string().contains("DB index is out of range") => (
+                StoreErrorKind::Unavailable,
+                "the database number does not exist on this server",
+            ),
             ErrorKind::Server(_) if e.code() == Some("WRONGTYPE") => (
                 StoreErrorKind::Corrupt,
                 "a key under idem's prefix holds something else",

@@ -1,0 +1,318 @@
+//! The shared stores when things go wrong: unreachable servers, refused credentials, missing
+//! databases, a table dropped under a running store, a newer schema, a connection cut between
+//! the claim and the completion. Every failure is a clear `StoreError` naming the backend and the
+//! cause, never the key, and the tool body does not run.
+
+mod common;
+
+use common::{effect, effects, unique};
+use idem::store::conformance::test_server_url;
+use idem::store::{Claim, ClaimRequest, Completion, Fenced, Store};
+use idem::{Error, Idem, OpenError, Outcome, StoreErrorKind, idempotent};
+
+#[idempotent(key = "run_id", mutating, name = "stores.charge")]
+async fn charge(run_id: String, amount_cents: u64) -> Result<u64, std::convert::Infallible> {
+    effect(&run_id);
+    Ok(amount_cents)
+}
+
+fn postgres_url() -> Option<String> {
+    test_server_url("IDEM_TEST_POSTGRES_URL")
+}
+
+fn redis_url() -> Option<String> {
+    test_server_url("IDEM_TEST_REDIS_URL")
+}
+
+/// The URL with `?option` or `&option` appended.
+fn with_option(url: &str, option: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{option}")
+}
+
+/// `postgres://user@host:port/db` with the database replaced.
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
+    if query.is_empty() {
+        format!("{server}/{db}")
+    } else {
+        format!("{server}/{db}?{query}")
+    }
+}
+
+/// Opening fails with a store error of `backend` and `kind`; its message names the cause.
+fn expect_open_error(
+    result: Result<Idem, OpenError>,
+    backend: &str,
+    kind: StoreErrorKind,
+) -> String {
+    let err = result.expect_err("the store must not open");
+    let OpenError::Store(store) = &err else {
+        panic!("expected a store error, got {err:?}")
+    };
+    assert_eq!(store.backend(), backend, "{err}");
+    assert_eq!(store.kind(), kind, "{err}");
+    let text = err.to_string();
+    assert!(text.starts_with(&format!("{backend} store: ")), "{text}");
+    text
+}
+
+#[tokio::test]
+async fn postgres_unreachable_wrong_role_and_wrong_database_are_clear() {
+    let Some(url) = postgres_url() else { return };
+    let text = expect_open_error(
+        Idem::open("postgres://postgres:s3cret@127.0.0.1:1/test?connect_timeout=2").await,
+        "postgres",
+        StoreErrorKind::Unavailable,
+    );
+    assert!(text.contains("cannot reach the server"), "{text}");
+    assert!(!text.contains("s3cret"), "no password in errors: {text}");
+
+    let role = url.replacen("postgres://postgres", "postgres://no_such_role_idem", 1);
+    let text = expect_open_error(
+        Idem::open(&role).await,
+        "postgres",
+        StoreErrorKind::Unavailable,
+    );
+    assert!(text.contains("refused the credentials"), "{text}");
+
+    let db = with_database(&url, "no_such_database_idem");
+    let text = expect_open_error(
+        Idem::open(&db).await,
+        "postgres",
+        StoreErrorKind::Unavailable,
+    );
+    assert!(text.contains("database does not exist"), "{text}");
+}
+
+#[tokio::test]
+async fn redis_unreachable_wrong_password_and_wrong_database_are_clear() {
+    let Some(url) = redis_url() else { return };
+    let text = expect_open_error(
+        Idem::open("redis://:s3cret@127.0.0.1:1/?timeout_ms=2000").await,
+        "redis",
+        StoreErrorKind::Unavailable,
+    );
+    assert!(text.contains("cannot reach the server"), "{text}");
+    assert!(!text.contains("s3cret"), "no password in errors: {text}");
+
+    let wrong_password = url.replacen("redis://", "redis://:wrong-password@", 1);
+    let text = expect_open_error(
+        Idem::open(&wrong_password).await,
+        "redis",
+        StoreErrorKind::Unavailable,
+    );
+    assert!(text.contains("refused the credentials"), "{text}");
+    assert!(!text.contains("wrong-password"), "{text}");
+
+    let base = url.split_once('?').map_or(url.as_str(), |(b, _)| b);
+    let db = format!(
+        "{}/9999",
+        base.trim_end_matches(|c: char| c.is_ascii_digit())
+            .trim_end_matches('/')
+    );
+    let text = expect_open_error(Idem::open(&db).await, "redis", StoreErrorKind::Unavailable);
+    assert!(text.contains("database number does not exist"), "{text}");
+}
+
+#[tokio::test]
+async fn postgres_dropped_table_fails_closed_then_reopening_repairs() {
+    let Some(url) = postgres_url() else { return };
+    let schema = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
+    let scoped = with_option(&url, &format!("schema={schema}"));
+    let idem = Idem::open(&scoped).await.expect("open");
+    let tenant = idem.scope(unique("tenant"));
+    let run = unique("run");
+    assert!(tenant.run(charge(run.clone(), 5)).await.unwrap().is_fresh());
+
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("DROP TABLE \"{schema}\".idem_records CASCADE"))
+        .await
+        .expect("drop");
+
+    let other = unique("run");
+    let err = tenant.run(charge(other.clone(), 5)).await.unwrap_err();
+    let Error::Store(store) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(store.backend(), "postgres");
+    assert_eq!(store.kind(), StoreErrorKind::Schema, "{err}");
+    assert!(err.to_string().contains("tables are missing"), "{err}");
+    assert!(!err.to_string().contains(&other), "no key in: {err}");
+    assert_eq!(effects(&other), 0, "the body did not run");
+
+    let reopened = Idem::open(&scoped)
+        .await
+        .expect("reopening recreates the schema");
+    let again = reopened
+        .scope(unique("tenant"))
+        .run(charge(other.clone(), 5))
+        .await
+        .unwrap();
+    assert!(again.is_fresh());
+    assert_eq!(effects(&other), 1);
+    client
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .await
+        .expect("clean up");
+}
+
+#[tokio::test]
+async fn postgres_newer_schema_is_refused_untouched() {
+    let Some(url) = postgres_url() else { return };
+    let schema = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
+    let scoped = with_option(&url, &format!("schema={schema}"));
+    drop(Idem::open(&scoped).await.expect("open"));
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "UPDATE \"{schema}\".idem_meta SET value = 99 WHERE name = 'schema_version'"
+        ))
+        .await
+        .unwrap();
+    let text = expect_open_error(
+        Idem::open(&scoped).await,
+        "postgres",
+        StoreErrorKind::Schema,
+    );
+    assert!(text.contains("newer idem (schema version 99)"), "{text}");
+    let version: i32 = client
+        .query_one(
+            &format!("SELECT value FROM \"{schema}\".idem_meta WHERE name = 'schema_version'"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 99, "the newer schema was left as it was");
+    client
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .await
+        .unwrap();
+}
+
+/// A claim taken before the connection is cut is completed after it, on a new connection.
+#[tokio::test]
+async fn postgres_connection_loss_between_claim_and_completion_keeps_the_claim() {
+    let Some(url) = postgres_url() else { return };
+    let app = format!("idem-test-{}", uuid::Uuid::new_v4().simple());
+    let store = idem::store::postgres::PostgresStore::open_url(&with_option(
+        &url,
+        &format!("pool_size=1&application_name={app}"),
+    ))
+    .await
+    .expect("open");
+    let tenant = unique("tenant");
+    let key = idem::derive_key(&tenant, "stores.direct", &[]);
+    let request = ClaimRequest {
+        tenant: &tenant,
+        key,
+        tool: "stores.direct",
+        fingerprint: idem::Fingerprint::from_bytes([7; 32]),
+        now: 1_000,
+        lease: std::time::Duration::from_secs(30),
+        ttl: std::time::Duration::from_secs(3600),
+    };
+    let Claim::Acquired { token, .. } = store.claim(request).await.expect("claim") else {
+        panic!("a new key is acquired")
+    };
+
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let killed: i64 = client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(killed, 1, "the store's one connection was cut");
+
+    let done = store
+        .complete(Completion {
+            tenant: &tenant,
+            key,
+            token,
+            result: b"{\"ok\":5}",
+            now: 1_001,
+            ttl: std::time::Duration::from_secs(3600),
+        })
+        .await
+        .expect("the completion goes through on a new connection");
+    assert_eq!(done, Fenced::Applied);
+    assert_eq!(
+        store
+            .claim(ClaimRequest {
+                now: 1_002,
+                ..request
+            })
+            .await
+            .unwrap(),
+        Claim::Completed {
+            result: b"{\"ok\":5}".to_vec()
+        }
+    );
+}
+
+#[tokio::test]
+async fn shared_stores_replay_and_mismatch_through_the_macro() {
+    for url in [postgres_url(), redis_url()].into_iter().flatten() {
+        let idem = Idem::open(&url).await.expect("open");
+        let tenant = idem.scope(unique("tenant"));
+        let run = unique("run");
+        let first = tenant.run(charge(run.clone(), 5)).await.unwrap();
+        let second = tenant.run(charge(run.clone(), 5)).await.unwrap();
+        let other = tenant.run(charge(run.clone(), 6)).await.unwrap();
+        assert!(matches!(first, Outcome::Fresh(5)), "{url}: {first:?}");
+        assert!(matches!(second, Outcome::Replayed(5)), "{url}: {second:?}");
+        assert!(other.is_mismatch(), "{url}: {other:?}");
+        assert_eq!(effects(&run), 1, "{url}");
+    }
+}
+
+#[tokio::test]
+async fn redis_health_says_whether_claims_survive_a_restart() {
+    let Some(url) = redis_url() else { return };
+    let idem = Idem::open(&url).await.expect("open");
+    let health = idem.health().await.expect("health");
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("persistence")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    if info.contains("aof_enabled:0") {
+        assert!(!health.durable);
+        assert!(
+            health
+                .detail
+                .as_deref()
+                .unwrap_or("")
+                .contains("appendonly no"),
+            "{health:?}"
+        );
+        let audit = idem::audit(&idem).await;
+        assert!(
+            audit.to_string().contains("appendonly no"),
+            "the startup audit warns: {audit}"
+        );
+    } else {
+        assert!(health.detail.is_some() || health.durable, "{health:?}");
+    }
+}
