@@ -18,6 +18,9 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use idem::{Idem, idempotent};
 use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
+use support::{criterion_dir, median_ns, ratio_row as row, runtime};
+
+mod support;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Payment {
@@ -45,18 +48,6 @@ fn bench_dir() -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("bench dir");
     dir
-}
-
-fn criterion_dir() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("criterion")
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 /// The hand-written store: the same table, index and durability as idem's, no idem.
@@ -264,31 +255,8 @@ fn fresh_concurrent(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime)
     group.finish();
 }
 
-/// Median time per iteration (ns) that criterion estimated for `group/bench`. The median, not
-/// the mean: on a shared machine a few slow `fsync`s skew a mean.
-fn median_ns(group: &str, bench: &str) -> Option<f64> {
-    let path = criterion_dir()
-        .join(group)
-        .join(bench)
-        .join("new/estimates.json");
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-    json["median"]["point_estimate"].as_f64()
-}
-
 fn summary() {
-    let per_s = |ns: f64| 1e9 / ns;
     println!("\nidem on SQLite: calls/s (median), and the ratio to the baseline in this run");
-    let row = |label: &str, ours: Option<f64>, base: Option<f64>, target: f64| {
-        if let (Some(o), Some(b)) = (ours, base) {
-            let ratio = per_s(o) / per_s(b);
-            let verdict = if ratio >= target { "meets" } else { "MISSES" };
-            println!(
-                "  {label:<44} {:>10.0} /s vs {:>10.0} /s  ratio {ratio:.2} ({verdict} target {target})",
-                per_s(o),
-                per_s(b)
-            );
-        }
-    };
     row(
         "replay: idem vs raw SELECT + deserialize",
         median_ns("replay", "idem"),

@@ -31,8 +31,11 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    Manager, ManagerConfig, Pool, PoolError, QueueMode, RecyclingMethod, Runtime,
+};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use super::replay_cache::{self, ReplayCache};
@@ -177,11 +180,12 @@ impl Sql {
             ),
             complete: format!(
                 "UPDATE {t} SET status = 'completed', result = $4, expires_at = $5 \
-                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight'"
+                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
+                 RETURNING 1"
             ),
             release: format!(
                 "DELETE FROM {t} WHERE tenant = $1 AND key = $2 AND token = $3 \
-                 AND status = 'in_flight'"
+                 AND status = 'in_flight' RETURNING 1"
             ),
             lookup: format!(
                 "SELECT tenant, key, tool, fingerprint, status, token, lease_expires_at, \
@@ -189,7 +193,7 @@ impl Sql {
             ),
             purge: format!(
                 "DELETE FROM {t} WHERE (tenant, key) IN (SELECT tenant, key FROM {t} \
-                 WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                 WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1"
             ),
             version: format!(
                 "SELECT value FROM \"{schema}\".idem_meta WHERE name = 'schema_version'"
@@ -376,7 +380,17 @@ fn connection_broke(e: &StoreError) -> bool {
     e.kind() == StoreErrorKind::Unavailable
         && std::error::Error::source(e)
             .and_then(|s| s.downcast_ref::<tokio_postgres::Error>())
-            .is_some_and(|pg| pg.code().is_none() || pg.is_closed())
+            .is_some_and(|pg| match pg.code() {
+                None => true,
+                // The server ended the session (a restart, an administrator): a new connection
+                // may well work.
+                Some(code) => {
+                    pg.is_closed()
+                        || *code == SqlState::ADMIN_SHUTDOWN
+                        || *code == SqlState::CRASH_SHUTDOWN
+                        || *code == SqlState::CANNOT_CONNECT_NOW
+                }
+            })
 }
 
 fn db_time(t: UnixMillis) -> i64 {
@@ -409,6 +423,8 @@ impl PostgresStore {
         );
         let pool = Pool::builder(manager)
             .max_size(options.pool_size)
+            // The most recently used connection first: its server process is the one awake.
+            .queue_mode(QueueMode::Lifo)
             .wait_timeout(Some(options.pool_timeout))
             .create_timeout(Some(options.pool_timeout))
             .recycle_timeout(Some(options.pool_timeout))
@@ -490,21 +506,33 @@ impl PostgresStore {
         tx.commit().await.map_err(|e| pg_error(OP, e))
     }
 
-    /// Runs `f` on a pooled connection; when the connection broke under it, once more on a new one.
-    async fn with_retry<T, F, Fut>(&self, op: &str, f: F) -> Result<T, StoreError>
-    where
-        F: Fn(deadpool_postgres::Object) -> Fut,
-        Fut: Future<Output = Result<T, StoreError>>,
-    {
-        let client = self.client(op).await?;
-        match f(client).await {
-            Err(e) if connection_broke(&e) => f(self.client(op).await?).await,
-            other => other,
+    /// Runs a prepared statement on a pooled connection and returns its rows. When the
+    /// connection broke under it, the connection is thrown away (never handed out again) and the
+    /// statement runs once more on a new one; every statement here is safe to send twice.
+    async fn query(
+        &self,
+        op: &str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let mut retried = false;
+        loop {
+            let client = self.client(op).await?;
+            let result = match client.prepare_cached(sql).await {
+                Ok(stmt) => client.query(&stmt, params).await,
+                Err(e) => Err(e),
+            }
+            .map_err(|e| pg_error(op, e));
+            match result {
+                Err(e) if connection_broke(&e) && !retried => {
+                    drop(deadpool_postgres::Object::take(client));
+                    retried = true;
+                }
+                other => return other,
+            }
         }
     }
 }
-
-use std::future::Future;
 
 impl Store for PostgresStore {
     fn backend(&self) -> &'static str {
@@ -519,60 +547,40 @@ impl Store for PostgresStore {
                 return Ok(answer);
             }
             let token = FencingToken::generate();
-            let row = self
-                .with_retry(OP, |client| async move {
-                    let stmt = client
-                        .prepare_cached(&self.inner.sql.claim)
-                        .await
-                        .map_err(|e| pg_error(OP, e))?;
-                    client
-                        .query_one(
-                            &stmt,
-                            &[
-                                &req.tenant,
-                                &&req.key.as_bytes()[..],
-                                &req.tool,
-                                &&req.fingerprint.as_bytes()[..],
-                                &(token.get() as i64),
-                                &db_time(req.now),
-                                &db_millis(req.lease),
-                                &db_millis(req.ttl),
-                            ],
-                        )
-                        .await
-                        .map_err(|e| pg_error(OP, e))
-                })
+            let rows = self
+                .query(
+                    OP,
+                    &self.inner.sql.claim,
+                    &[
+                        &req.tenant,
+                        &&req.key.as_bytes()[..],
+                        &req.tool,
+                        &&req.fingerprint.as_bytes()[..],
+                        &(token.get() as i64),
+                        &db_time(req.now),
+                        &db_millis(req.lease),
+                        &db_millis(req.ttl),
+                    ],
+                )
                 .await?;
-            decode_claim(&row, token, req, replays)
+            let row = rows
+                .first()
+                .ok_or_else(|| corrupt(OP, "the claim answered no row"))?;
+            decode_claim(row, token, req, replays)
         })
     }
 
     fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            const OP: &str = "complete";
             let expires_at = db_time(after(c.now, c.ttl));
+            let token = c.token.get() as i64;
+            let key = &c.key.as_bytes()[..];
+            let params: [&(dyn ToSql + Sync); 5] =
+                [&c.tenant, &key, &token, &c.result, &expires_at];
             let applied = self
-                .with_retry(OP, |client| async move {
-                    let stmt = client
-                        .prepare_cached(&self.inner.sql.complete)
-                        .await
-                        .map_err(|e| pg_error(OP, e))?;
-                    client
-                        .execute(
-                            &stmt,
-                            &[
-                                &c.tenant,
-                                &&c.key.as_bytes()[..],
-                                &(c.token.get() as i64),
-                                &c.result,
-                                &expires_at,
-                            ],
-                        )
-                        .await
-                        .map_err(|e| pg_error(OP, e))
-                })
+                .query("complete", &self.inner.sql.complete, &params)
                 .await?;
-            if applied == 1 {
+            if !applied.is_empty() {
                 return Ok(Fenced::Applied);
             }
             // Nothing changed: either another owner holds the key, or an earlier attempt whose
@@ -593,26 +601,14 @@ impl Store for PostgresStore {
         token: FencingToken,
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            const OP: &str = "release";
+            let (key, token) = (&key.as_bytes()[..], token.get() as i64);
             let deleted = self
-                .with_retry(OP, |client| async move {
-                    let stmt = client
-                        .prepare_cached(&self.inner.sql.release)
-                        .await
-                        .map_err(|e| pg_error(OP, e))?;
-                    client
-                        .execute(
-                            &stmt,
-                            &[&tenant, &&key.as_bytes()[..], &(token.get() as i64)],
-                        )
-                        .await
-                        .map_err(|e| pg_error(OP, e))
-                })
+                .query("release", &self.inner.sql.release, &[&tenant, &key, &token])
                 .await?;
-            Ok(if deleted == 1 {
-                Fenced::Applied
-            } else {
+            Ok(if deleted.is_empty() {
                 Fenced::Lost
+            } else {
+                Fenced::Applied
             })
         })
     }
@@ -623,33 +619,21 @@ impl Store for PostgresStore {
         key: IdempotencyKey,
     ) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
-            const OP: &str = "lookup";
-            let row = self
-                .with_retry(OP, |client| async move {
-                    let stmt = client
-                        .prepare_cached(&self.inner.sql.lookup)
-                        .await
-                        .map_err(|e| pg_error(OP, e))?;
-                    client
-                        .query_opt(&stmt, &[&tenant, &&key.as_bytes()[..]])
-                        .await
-                        .map_err(|e| pg_error(OP, e))
-                })
+            let key = &key.as_bytes()[..];
+            let rows = self
+                .query("lookup", &self.inner.sql.lookup, &[&tenant, &key])
                 .await?;
-            row.map(|row| decode_record(&row)).transpose()
+            rows.first().map(decode_record).transpose()
         })
     }
 
     fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
         Box::pin(async move {
-            const OP: &str = "purge";
-            let client = self.client(OP).await?;
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let purged = client
-                .execute(&self.inner.sql.purge, &[&db_time(now), &limit])
-                .await
-                .map_err(|e| pg_error(OP, e))?;
-            Ok(purged as usize)
+            let purged = self
+                .query("purge", &self.inner.sql.purge, &[&db_time(now), &limit])
+                .await?;
+            Ok(purged.len())
         })
     }
 

@@ -51,16 +51,18 @@ pub const SCHEMA_VERSION: u32 = 1;
 const CLAIM: &str = r"
 local k = KEYS[1]
 local fp, now, token = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local h = redis.call('HMGET', k, 'fp', 'st', 'tok', 'lease', 'exp')
-if h[1] and tonumber(h[5]) > now then
-  if h[1] ~= fp then return {2} end
-  if h[2] == 'c' then return {3, h[5], redis.call('HGET', k, 'res')} end
-  if h[3] == token then return {0} end
-  if tonumber(h[4]) > now then return {4, h[4]} end
-  redis.call('HSET', k, 'tok', token, 'lease', ARGV[4])
-  return {1}
+local h = redis.call('HMGET', k, 'fp', 'st', 'tok', 'lease', 'exp', 'res')
+if h[1] then
+  if tonumber(h[5]) > now then
+    if h[1] ~= fp then return {2} end
+    if h[2] == 'c' then return {3, h[5], h[6]} end
+    if h[3] == token then return {0} end
+    if tonumber(h[4]) > now then return {4, h[4]} end
+    redis.call('HSET', k, 'tok', token, 'lease', ARGV[4])
+    return {1}
+  end
+  redis.call('DEL', k)
 end
-redis.call('DEL', k)
 redis.call('HSET', k, 'tenant', ARGV[7], 'tool', ARGV[8], 'fp', fp, 'st', 'i', 'tok', token,
   'lease', ARGV[4], 'created', ARGV[2], 'exp', ARGV[5])
 redis.call('PEXPIRE', k, ARGV[6])
@@ -70,10 +72,10 @@ return {0}
 /// 1: applied (now, or by an earlier delivery of this very completion), 0: lost.
 const COMPLETE: &str = r"
 local k = KEYS[1]
-local h = redis.call('HMGET', k, 'tok', 'st', 'res')
+local h = redis.call('HMGET', k, 'tok', 'st')
 if h[1] ~= ARGV[1] then return 0 end
 if h[2] == 'c' then
-  if h[3] == ARGV[2] then return 1 end
+  if redis.call('HGET', k, 'res') == ARGV[2] then return 1 end
   return 0
 end
 redis.call('HSET', k, 'st', 'c', 'res', ARGV[2], 'exp', ARGV[3])

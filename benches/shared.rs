@@ -1,0 +1,464 @@
+//! idem on the shared stores, next to hand-written baselines on the same server in the same run.
+//!
+//! For each of Postgres (`IDEM_TEST_POSTGRES_URL`) and Redis (`IDEM_TEST_REDIS_URL`):
+//!
+//! - `replay`: a retried call, with and without the in-process replay cache, vs one raw lookup
+//!   + deserialize (Postgres: a prepared point SELECT; Redis: GET);
+//! - `fresh`: a new intent (claim, body, completion), vs the raw two writes a hand-written
+//!   idempotency store needs (Postgres: INSERT … ON CONFLICT DO NOTHING, then UPDATE; Redis:
+//!   SET NX PX, then SET PX);
+//! - `fresh_concurrent`: fresh calls/s with 1, 8 and 64 callers.
+//!
+//! `cargo bench --bench shared` prints the ratios at the end; a backend whose variable is unset
+//! is skipped with a note.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use idem::{Idem, idempotent};
+use serde::{Deserialize, Serialize};
+
+mod support;
+use support::{criterion_dir, median_ns, ratio_row, runtime};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Payment {
+    payment_id: String,
+    customer: String,
+    amount_cents: u64,
+}
+
+#[idempotent(key = "run_id, step_id", mutating, name = "bench.register_payment")]
+async fn register_payment(
+    run_id: String,
+    step_id: u64,
+    customer: String,
+    amount_cents: u64,
+) -> Result<Payment, Infallible> {
+    Ok(Payment {
+        payment_id: format!("pay_{run_id}_{step_id}"),
+        customer,
+        amount_cents,
+    })
+}
+
+fn payment_json(n: u64) -> Vec<u8> {
+    serde_json::to_vec(&Payment {
+        payment_id: format!("pay_run-1_{n}"),
+        customer: "cus_42".into(),
+        amount_cents: 500,
+    })
+    .expect("json")
+}
+
+/// A key as a hand-written store would make it: hashed, so rows land at random B-tree positions.
+fn raw_key(tenant: &str, n: u64) -> [u8; 32] {
+    *idem::derive_key(tenant, "raw", &[idem::key::KeyPart::new(&n).expect("part")]).as_bytes()
+}
+
+/// A tenant of this run only, so reruns against the same server never meet old records.
+fn run_tenant() -> String {
+    format!("bench-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A raw baseline: how to look one record up, and how to write one intent's two writes.
+trait Raw: Send + Sync + 'static {
+    fn lookup(&self) -> impl Future<Output = Payment> + Send;
+    fn two_writes(&self, n: u64) -> impl Future<Output = ()> + Send;
+}
+
+/// Times `iters` calls of `call(n)`, one after the other, in a task of the runtime: where an
+/// agent's tool calls run, and the same harness for idem and its baselines. `call` gets a number
+/// never passed before in this process (for new keys).
+fn sequential<F, Fut>(b: &mut criterion::Bencher<'_>, rt: &tokio::runtime::Runtime, call: F)
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: Future + Send,
+{
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    b.iter_custom(|iters| {
+        let call = call.clone();
+        rt.block_on(async move {
+            tokio::spawn(async move {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    std::hint::black_box(call(NEXT.fetch_add(1, Ordering::Relaxed)).await);
+                }
+                start.elapsed()
+            })
+            .await
+            .expect("task")
+        })
+    });
+}
+
+struct RawPostgres {
+    client: tokio_postgres::Client,
+    select: tokio_postgres::Statement,
+    insert: tokio_postgres::Statement,
+    update: tokio_postgres::Statement,
+    tenant: String,
+}
+
+impl RawPostgres {
+    async fn connect(url: &str) -> Self {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        // The same table and index as idem's, in a schema of its own.
+        client
+            .batch_execute(
+                "CREATE SCHEMA IF NOT EXISTS idem_bench_raw;
+                 CREATE TABLE IF NOT EXISTS idem_bench_raw.raw (
+                    tenant text NOT NULL, key bytea NOT NULL, tool text NOT NULL,
+                    fingerprint bytea NOT NULL, status text NOT NULL, token bigint NOT NULL,
+                    lease_expires_at bigint NOT NULL, created_at bigint NOT NULL,
+                    expires_at bigint NOT NULL, result bytea, PRIMARY KEY (tenant, key));
+                 CREATE INDEX IF NOT EXISTS raw_expires_at ON idem_bench_raw.raw (expires_at);",
+            )
+            .await
+            .expect("schema");
+        let tenant = run_tenant();
+        client
+            .execute(
+                "INSERT INTO idem_bench_raw.raw VALUES ($1, $2, 'raw', $3, 'completed', 1, 0, 0, \
+                 9000000000000, $4)",
+                &[
+                    &tenant,
+                    &&raw_key(&tenant, 7)[..],
+                    &&[0u8; 32][..],
+                    &payment_json(7),
+                ],
+            )
+            .await
+            .expect("insert");
+        let select = client
+            .prepare("SELECT result FROM idem_bench_raw.raw WHERE tenant = $1 AND key = $2")
+            .await
+            .expect("prepare");
+        let insert = client
+            .prepare(
+                "INSERT INTO idem_bench_raw.raw VALUES ($1, $2, 'raw', $3, 'in_flight', $4, \
+                 30000, 0, $5, NULL) ON CONFLICT (tenant, key) DO NOTHING",
+            )
+            .await
+            .expect("prepare");
+        let update = client
+            .prepare(
+                "UPDATE idem_bench_raw.raw SET status = 'completed', result = $3, \
+                 expires_at = $5 WHERE tenant = $1 AND key = $2 AND token = $4",
+            )
+            .await
+            .expect("prepare");
+        RawPostgres {
+            client,
+            select,
+            insert,
+            update,
+            tenant,
+        }
+    }
+}
+
+impl Raw for RawPostgres {
+    async fn lookup(&self) -> Payment {
+        let row = self
+            .client
+            .query_one(
+                &self.select,
+                &[&self.tenant, &&raw_key(&self.tenant, 7)[..]],
+            )
+            .await
+            .expect("select");
+        serde_json::from_slice(row.get::<_, &[u8]>(0)).expect("decode")
+    }
+
+    async fn two_writes(&self, n: u64) {
+        let key = raw_key(&self.tenant, n + 1_000);
+        let (token, expires) = (n as i64, 86_400_000 + n as i64);
+        self.client
+            .execute(
+                &self.insert,
+                &[&self.tenant, &&key[..], &&[0u8; 32][..], &token, &expires],
+            )
+            .await
+            .expect("insert");
+        self.client
+            .execute(
+                &self.update,
+                &[&self.tenant, &&key[..], &payment_json(n), &token, &expires],
+            )
+            .await
+            .expect("update");
+    }
+}
+
+struct RawRedis {
+    conn: redis::aio::MultiplexedConnection,
+    tenant: String,
+}
+
+impl RawRedis {
+    async fn connect(url: &str) -> Self {
+        let mut conn = redis::Client::open(url)
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let tenant = run_tenant();
+        let _: () = redis::cmd("SET")
+            .arg(format!("idem-bench-raw:{tenant}:7"))
+            .arg(payment_json(7))
+            .arg("PX")
+            .arg(3_600_000)
+            .query_async(&mut conn)
+            .await
+            .expect("set");
+        RawRedis { conn, tenant }
+    }
+}
+
+impl Raw for RawRedis {
+    async fn lookup(&self) -> Payment {
+        let bytes: Vec<u8> = redis::cmd("GET")
+            .arg(format!("idem-bench-raw:{}:7", self.tenant))
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("get");
+        serde_json::from_slice(&bytes).expect("decode")
+    }
+
+    async fn two_writes(&self, n: u64) {
+        let key = format!("idem-bench-raw:{}:{}", self.tenant, n + 1_000);
+        let mut conn = self.conn.clone();
+        let claimed: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&[0u8; 32][..])
+            .arg("NX")
+            .arg("PX")
+            .arg(86_400_000)
+            .query_async(&mut conn)
+            .await
+            .expect("set nx");
+        assert!(claimed.is_some());
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(payment_json(n))
+            .arg("PX")
+            .arg(86_400_000)
+            .query_async(&mut conn)
+            .await
+            .expect("set");
+    }
+}
+
+fn replay<R: Raw>(
+    c: &mut Criterion,
+    backend: &str,
+    url: &str,
+    raw: &Arc<R>,
+    rt: &tokio::runtime::Runtime,
+) {
+    let mut group = c.benchmark_group(format!("{backend}_replay"));
+    group.throughput(Throughput::Elements(1));
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(4));
+    let call = || register_payment("run-1".into(), 7, "cus_42".into(), 500);
+    for (name, query) in [("idem", ""), ("idem_no_cache", "replay_cache=0")] {
+        let url = with_option(url, query);
+        let idem = rt.block_on(Idem::open(&url)).expect("open");
+        let tenant = idem.scope(run_tenant());
+        assert!(rt.block_on(tenant.run(call())).expect("call").is_fresh());
+        group.bench_function(name, |b| {
+            let tenant = tenant.clone();
+            sequential(b, rt, move |_| {
+                let tenant = tenant.clone();
+                async move {
+                    let out = tenant.run(call()).await.expect("call");
+                    assert!(out.is_replayed());
+                    out
+                }
+            })
+        });
+    }
+    let raw = raw.clone();
+    group.bench_function("raw_lookup", move |b| {
+        let raw = raw.clone();
+        sequential(b, rt, move |_| {
+            let raw = raw.clone();
+            async move { raw.lookup().await }
+        })
+    });
+    group.finish();
+}
+
+fn fresh<R: Raw>(
+    c: &mut Criterion,
+    backend: &str,
+    url: &str,
+    raw: &Arc<R>,
+    rt: &tokio::runtime::Runtime,
+) {
+    let mut group = c.benchmark_group(format!("{backend}_fresh"));
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(30);
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(6));
+    let idem = rt.block_on(Idem::open(url)).expect("open");
+    let tenant = idem.scope(run_tenant());
+    group.bench_function("idem", |b| {
+        let tenant = tenant.clone();
+        sequential(b, rt, move |step| {
+            let tenant = tenant.clone();
+            async move {
+                let out = tenant
+                    .run(register_payment("run-1".into(), step, "cus_42".into(), 500))
+                    .await
+                    .expect("call");
+                assert!(out.is_fresh());
+                out
+            }
+        })
+    });
+    let raw = raw.clone();
+    group.bench_function("raw_two_writes", move |b| {
+        let raw = raw.clone();
+        sequential(b, rt, move |n| {
+            let raw = raw.clone();
+            async move { raw.two_writes(n).await }
+        })
+    });
+    group.finish();
+}
+
+fn fresh_concurrent(c: &mut Criterion, backend: &str, url: &str, rt: &tokio::runtime::Runtime) {
+    let mut group = c.benchmark_group(format!("{backend}_fresh_concurrent"));
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(4));
+    let idem = rt.block_on(Idem::open(url)).expect("open");
+    let tenant = idem.scope(run_tenant());
+    let next = Arc::new(AtomicU64::new(0));
+    for callers in [1u64, 8, 64] {
+        group.bench_with_input(
+            BenchmarkId::new("idem", callers),
+            &callers,
+            |b, &callers| {
+                b.to_async(rt).iter_custom(|iters| {
+                    let (tenant, next) = (tenant.clone(), next.clone());
+                    async move {
+                        let start = Instant::now();
+                        let mut tasks = tokio::task::JoinSet::new();
+                        for caller in 0..callers {
+                            let calls = iters / callers + u64::from(caller < iters % callers);
+                            let (tenant, next) = (tenant.clone(), next.clone());
+                            tasks.spawn(async move {
+                                for _ in 0..calls {
+                                    let step = next.fetch_add(1, Ordering::Relaxed);
+                                    let out = tenant
+                                        .run(register_payment(
+                                            "run-2".into(),
+                                            step,
+                                            "cus_42".into(),
+                                            500,
+                                        ))
+                                        .await
+                                        .expect("call");
+                                    assert!(out.is_fresh());
+                                }
+                            });
+                        }
+                        while let Some(done) = tasks.join_next().await {
+                            done.expect("task");
+                        }
+                        start.elapsed()
+                    }
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+fn with_option(url: &str, option: &str) -> String {
+    match (option.is_empty(), url.contains('?')) {
+        (true, _) => url.to_owned(),
+        (false, true) => format!("{url}&{option}"),
+        (false, false) => format!("{url}?{option}"),
+    }
+}
+
+fn summary(backend: &str, label: &str) {
+    let m = |group: &str, bench: &str| median_ns(&format!("{backend}_{group}"), bench);
+    if m("fresh", "idem").is_none() {
+        return;
+    }
+    println!("\nidem on {label}: calls/s (median), and the ratio to the baseline in this run");
+    ratio_row(
+        "replay: idem vs raw lookup + deserialize",
+        m("replay", "idem"),
+        m("replay", "raw_lookup"),
+        0.8,
+    );
+    ratio_row(
+        "replay, cache off: idem vs raw lookup",
+        m("replay", "idem_no_cache"),
+        m("replay", "raw_lookup"),
+        0.8,
+    );
+    ratio_row(
+        "fresh: idem vs raw two writes",
+        m("fresh", "idem"),
+        m("fresh", "raw_two_writes"),
+        0.8,
+    );
+    for callers in [8, 64] {
+        ratio_row(
+            &format!("fresh, {callers} callers vs sequential fresh"),
+            m("fresh_concurrent", &format!("idem/{callers}")),
+            m("fresh", "idem"),
+            3.0,
+        );
+    }
+}
+
+fn main() {
+    let rt = runtime();
+    let mut c = Criterion::default()
+        .output_directory(&criterion_dir())
+        .configure_from_args();
+    let postgres = std::env::var("IDEM_TEST_POSTGRES_URL").ok();
+    let redis = std::env::var("IDEM_TEST_REDIS_URL").ok();
+    match &postgres {
+        Some(url) => {
+            let url = with_option(url, "schema=idem_bench");
+            let raw = Arc::new(rt.block_on(RawPostgres::connect(url.split('?').next().unwrap())));
+            replay(&mut c, "postgres", &url, &raw, &rt);
+            fresh(&mut c, "postgres", &url, &raw, &rt);
+            fresh_concurrent(&mut c, "postgres", &url, &rt);
+        }
+        None => println!("skipped Postgres: set IDEM_TEST_POSTGRES_URL"),
+    }
+    match &redis {
+        Some(url) => {
+            let raw = Arc::new(rt.block_on(RawRedis::connect(url)));
+            replay(&mut c, "redis", url, &raw, &rt);
+            fresh(&mut c, "redis", url, &raw, &rt);
+            fresh_concurrent(&mut c, "redis", url, &rt);
+        }
+        None => println!("skipped Redis: set IDEM_TEST_REDIS_URL"),
+    }
+    c.final_summary();
+    if postgres.is_some() {
+        summary("postgres", "Postgres");
+    }
+    if redis.is_some() {
+        summary("redis", "Redis");
+    }
+}
