@@ -105,29 +105,33 @@ struct RawPostgres {
 }
 
 impl RawPostgres {
-    async fn connect(url: &str) -> Self {
+    /// Connects and creates the baseline's table in the schema `raw` (new for each run, so
+    /// that both sides start from empty tables of the same shape).
+    async fn connect(url: &str, raw: &str) -> Self {
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
             .expect("connect");
         tokio::spawn(connection);
         // The same table and index as idem's, in a schema of its own.
         client
-            .batch_execute(
-                "CREATE SCHEMA IF NOT EXISTS idem_bench_raw;
-                 CREATE TABLE IF NOT EXISTS idem_bench_raw.raw (
+            .batch_execute(&format!(
+                "CREATE SCHEMA IF NOT EXISTS {raw};
+                 CREATE TABLE IF NOT EXISTS {raw}.raw (
                     tenant text NOT NULL, key bytea NOT NULL, tool text NOT NULL,
                     fingerprint bytea NOT NULL, status text NOT NULL, token bigint NOT NULL,
                     lease_expires_at bigint NOT NULL, created_at bigint NOT NULL,
                     expires_at bigint NOT NULL, result bytea, PRIMARY KEY (tenant, key));
-                 CREATE INDEX IF NOT EXISTS raw_expires_at ON idem_bench_raw.raw (expires_at);",
-            )
+                 CREATE INDEX IF NOT EXISTS raw_expires_at ON {raw}.raw (expires_at);"
+            ))
             .await
             .expect("schema");
         let tenant = run_tenant();
         client
             .execute(
-                "INSERT INTO idem_bench_raw.raw VALUES ($1, $2, 'raw', $3, 'completed', 1, 0, 0, \
-                 9000000000000, $4)",
+                &format!(
+                    "INSERT INTO {raw}.raw VALUES ($1, $2, 'raw', $3, 'completed', 1, 0, 0, \
+                     9000000000000, $4)"
+                ),
                 &[
                     &tenant,
                     &&raw_key(&tenant, 7)[..],
@@ -138,21 +142,23 @@ impl RawPostgres {
             .await
             .expect("insert");
         let select = client
-            .prepare("SELECT result FROM idem_bench_raw.raw WHERE tenant = $1 AND key = $2")
+            .prepare(&format!(
+                "SELECT result FROM {raw}.raw WHERE tenant = $1 AND key = $2"
+            ))
             .await
             .expect("prepare");
         let insert = client
-            .prepare(
-                "INSERT INTO idem_bench_raw.raw VALUES ($1, $2, 'raw', $3, 'in_flight', $4, \
-                 30000, 0, $5, NULL) ON CONFLICT (tenant, key) DO NOTHING",
-            )
+            .prepare(&format!(
+                "INSERT INTO {raw}.raw VALUES ($1, $2, 'raw', $3, 'in_flight', $4, \
+                 30000, 0, $5, NULL) ON CONFLICT (tenant, key) DO NOTHING"
+            ))
             .await
             .expect("prepare");
         let update = client
-            .prepare(
-                "UPDATE idem_bench_raw.raw SET status = 'completed', result = $3, \
-                 expires_at = $5 WHERE tenant = $1 AND key = $2 AND token = $4",
-            )
+            .prepare(&format!(
+                "UPDATE {raw}.raw SET status = 'completed', result = $3, \
+                 expires_at = $5 WHERE tenant = $1 AND key = $2 AND token = $4"
+            ))
             .await
             .expect("prepare");
         RawPostgres {
@@ -437,11 +443,19 @@ fn main() {
     let redis = std::env::var("IDEM_TEST_REDIS_URL").ok();
     match &postgres {
         Some(url) => {
-            let url = with_option(url, "schema=idem_bench");
-            let raw = Arc::new(rt.block_on(RawPostgres::connect(url.split('?').next().unwrap())));
+            // Both sides start from empty tables in schemas of this run, dropped at the end.
+            let run = uuid::Uuid::new_v4().simple().to_string();
+            let (ours, theirs) = (format!("idem_bench_{run}"), format!("idem_bench_raw_{run}"));
+            let server = url.split('?').next().unwrap().to_owned();
+            let url = with_option(url, &format!("schema={ours}"));
+            let raw = Arc::new(rt.block_on(RawPostgres::connect(&server, &theirs)));
             replay(&mut c, "postgres", &url, &raw, &rt);
             fresh(&mut c, "postgres", &url, &raw, &rt);
             fresh_concurrent(&mut c, "postgres", &url, &rt);
+            rt.block_on(raw.client.batch_execute(&format!(
+                "DROP SCHEMA {ours} CASCADE; DROP SCHEMA {theirs} CASCADE"
+            )))
+            .expect("drop the run's schemas");
         }
         None => println!("skipped Postgres: set IDEM_TEST_POSTGRES_URL"),
     }

@@ -259,6 +259,23 @@ fn int(op: &str, v: &Value) -> Result<i64, StoreError> {
     }
 }
 
+/// `PREFIX:{HEX(TENANT)}:HEX(KEY)`: hex keeps any tenant from forging a separator or a hash tag,
+/// and keeps the mapping one-to-one; the braces make the tenant the Redis Cluster hash tag.
+fn record_key(prefix: &str, tenant: &str, key: &IdempotencyKey) -> String {
+    let mut out = String::with_capacity(prefix.len() + 4 + tenant.len() * 2 + 64);
+    let hex = |out: &mut String, bytes: &[u8]| {
+        for b in bytes {
+            let _ = write!(out, "{b:02x}");
+        }
+    };
+    out.push_str(&prefix);
+    out.push_str(":{");
+    hex(&mut out, tenant.as_bytes());
+    out.push_str("}:");
+    hex(&mut out, key.as_bytes());
+    out
+}
+
 impl RedisStore {
     /// Connects and checks the layout version.
     pub async fn open(options: RedisOptions) -> Result<Self, StoreError> {
@@ -322,21 +339,8 @@ impl RedisStore {
         format!("{}:meta", self.prefix)
     }
 
-    /// `PREFIX:{HEX(TENANT)}:HEX(KEY)`: hex keeps any tenant from forging a separator or a
-    /// hash tag, and keeps the mapping one-to-one.
     fn record_key(&self, tenant: &str, key: &IdempotencyKey) -> String {
-        let mut out = String::with_capacity(self.prefix.len() + 4 + tenant.len() * 2 + 64);
-        let hex = |out: &mut String, bytes: &[u8]| {
-            for b in bytes {
-                let _ = write!(out, "{b:02x}");
-            }
-        };
-        out.push_str(&self.prefix);
-        out.push_str(":{");
-        hex(&mut out, tenant.as_bytes());
-        out.push_str("}:");
-        hex(&mut out, key.as_bytes());
-        out
+        record_key(&self.prefix, tenant, key)
     }
 
     async fn layout_version(&self, op: &str) -> Result<u32, StoreError> {
@@ -615,6 +619,61 @@ mod tests {
         assert!(RedisOptions::from_url("redis://h/0?prefix=a:b").is_err());
         assert!(RedisOptions::from_url("redis://h/0?timeout_ms=0").is_err());
         assert!(RedisOptions::from_url("rediss://h/0").is_err());
+    }
+
+    /// Redis Cluster's slot of a key (CRC16/XMODEM of the hash tag, or of the key, mod 16384).
+    fn cluster_slot(key: &str) -> u16 {
+        let bytes = key.as_bytes();
+        let tagged = bytes.iter().position(|b| *b == b'{').and_then(|open| {
+            let close = bytes[open + 1..].iter().position(|b| *b == b'}')?;
+            (close > 0).then(|| &bytes[open + 1..open + 1 + close])
+        });
+        let mut crc: u16 = 0;
+        for byte in tagged.unwrap_or(bytes) {
+            crc ^= u16::from(*byte) << 8;
+            for _ in 0..8 {
+                crc = if crc & 0x8000 != 0 {
+                    (crc << 1) ^ 0x1021
+                } else {
+                    crc << 1
+                };
+            }
+        }
+        crc % 16384
+    }
+
+    #[test]
+    fn a_tenants_records_share_one_cluster_slot_whatever_the_tenant() {
+        assert_eq!(cluster_slot("123456789"), 12739, "CRC16/XMODEM check value");
+        let keys = |tenant: &str| -> Vec<String> {
+            (0..50u32)
+                .map(|n| {
+                    let key = crate::key::derive_key(
+                        tenant,
+                        "tool",
+                        &[crate::key::KeyPart::new(&n).unwrap()],
+                    );
+                    record_key("idem", tenant, &key)
+                })
+                .collect()
+        };
+        for tenant in ["acme", "{evil}", "a}b{c", "x:y", "ñandú", "}", "{}"] {
+            let keys = keys(tenant);
+            let slot = cluster_slot(&keys[0]);
+            assert!(
+                keys.iter().all(|k| cluster_slot(k) == slot),
+                "tenant {tenant:?}: one slot for all its records"
+            );
+            assert!(
+                keys.iter()
+                    .all(|k| k.matches('{').count() == 1 && k.matches('}').count() == 1)
+            );
+        }
+        assert_ne!(
+            keys("a")[0],
+            keys("b")[0],
+            "different tenants, different keys"
+        );
     }
 
     mod conformance {
