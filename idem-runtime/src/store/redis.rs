@@ -268,7 +268,7 @@ fn record_key(prefix: &str, tenant: &str, key: &IdempotencyKey) -> String {
             let _ = write!(out, "{b:02x}");
         }
     };
-    out.push_str(&prefix);
+    out.push_str(prefix);
     out.push_str(":{");
     hex(&mut out, tenant.as_bytes());
     out.push_str("}:");
