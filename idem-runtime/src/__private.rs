@@ -326,7 +326,7 @@ where
         Claim::Acquired { token, .. } => token,
     };
 
-    let result = body.await;
+    let result = crate::current::run_as(name, key, body).await;
     let encoded = match &result {
         Ok(v) => Some(serde_json::to_vec(&StoredRef::<T, ()>::Ok(v))),
         Err(e) => H::encode(e),

@@ -174,9 +174,91 @@ pub fn derive_key(tenant: &str, tool: &str, parts: &[KeyPart]) -> IdempotencyKey
     IdempotencyKey(h.finalize().into())
 }
 
+/// A key for a call a tool makes downstream (a payment provider, another API), derived from the
+/// tool's own key and a name for the downstream call.
+///
+/// The same intent always derives the same downstream key: across retries, and across a
+/// re-execution after a crash, so the provider deduplicates what idem could not know happened.
+/// It is 64 lowercase hexadecimal characters: a valid `Idempotency-Key` (≤ 255 visible ASCII)
+/// and a valid AWS-style client token (≤ 64 ASCII). It reveals nothing of the key parts.
+/// Its `Debug` shows only a prefix; [`DownstreamKey::as_str`] gives the value to send.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct DownstreamKey(String);
+
+impl DownstreamKey {
+    /// The value to send, e.g. as the `Idempotency-Key` header or a `ClientToken`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for DownstreamKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DownstreamKey({}…)", &self.0[..12])
+    }
+}
+
+/// Derives the downstream key named `name` of `key`. This is the only place downstream keys are
+/// made.
+pub fn derive_downstream_key(key: &IdempotencyKey, name: &str) -> DownstreamKey {
+    let mut h = Sha256::new();
+    h.update(b"idem/downstream/v1\0");
+    h.update(key.as_bytes());
+    h.update((name.len() as u64).to_be_bytes());
+    h.update(name.as_bytes());
+    let digest: [u8; 32] = h.finalize().into();
+    let mut hex = String::with_capacity(64);
+    for b in digest {
+        hex.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+        hex.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
+    }
+    DownstreamKey(hex)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn downstream_keys_are_stable_distinct_and_fit_every_provider() {
+        let key = derive_key(
+            "tenant-a",
+            "payments.register",
+            &[part("run-9"), part("step-3")],
+        );
+        let stripe = derive_downstream_key(&key, "stripe");
+        assert_eq!(stripe, derive_downstream_key(&key, "stripe"), "stable");
+        assert_ne!(
+            stripe,
+            derive_downstream_key(&key, "ledger"),
+            "one per downstream call"
+        );
+        let other = derive_key(
+            "tenant-b",
+            "payments.register",
+            &[part("run-9"), part("step-3")],
+        );
+        assert_ne!(
+            stripe,
+            derive_downstream_key(&other, "stripe"),
+            "one per intent"
+        );
+        assert_eq!(stripe.as_str().len(), 64);
+        assert!(
+            stripe
+                .as_str()
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        assert!(validate_key_string(stripe.as_str()).is_ok());
+        assert!(!format!("{stripe:?}").contains(&stripe.as_str()[12..]));
+        // Pinned (recomputed independently with Python's hashlib): a change here would make
+        // re-executions after an upgrade send new keys downstream.
+        assert_eq!(
+            stripe.as_str(),
+            "c1fe607baf89e6371f81a4b44f927deaf354d826530370d16ea6f5738ee0135b"
+        );
+    }
 
     fn part(s: &str) -> KeyPart {
         KeyPart::new(s).unwrap()

@@ -19,6 +19,7 @@
 
 pub mod canonical;
 pub mod clock;
+mod current;
 mod error;
 pub mod fingerprint;
 pub mod key;
@@ -30,9 +31,13 @@ pub mod store;
 #[doc(hidden)]
 pub mod __private;
 
+pub use current::{Current, current};
 pub use error::{Error, OpenError, StoreError, StoreErrorKind};
 pub use fingerprint::{Fingerprint, fingerprint};
-pub use key::{IdempotencyKey, InvalidKey, KeyHash, derive_key, validate_key_string};
+pub use key::{
+    DownstreamKey, IdempotencyKey, InvalidKey, KeyHash, derive_downstream_key, derive_key,
+    validate_key_string,
+};
 pub use outcome::{InFlight, Mismatch, Outcome};
 pub use registry::audit;
 pub use runtime::{DEFAULT_LEASE, DEFAULT_TTL, Idem, IdemBuilder, Scope};

@@ -1,0 +1,62 @@
+//! What a running tool body knows about its own call: [`current()`].
+
+use crate::key::{DownstreamKey, IdempotencyKey, KeyHash, derive_downstream_key};
+
+tokio::task_local! {
+    static CURRENT: Current;
+}
+
+/// The call whose body is running: its tool and its key.
+///
+/// Got with [`current()`] inside the body of a keyed `#[idempotent]` tool. Its main use is
+/// [`Current::derive`]: the key to send with each downstream call.
+#[derive(Debug, Clone, Copy)]
+pub struct Current {
+    tool: &'static str,
+    key: IdempotencyKey,
+}
+
+impl Current {
+    /// The stable name of the running tool.
+    pub fn tool(&self) -> &'static str {
+        self.tool
+    }
+
+    /// The short, loggable hash of the call's key.
+    pub fn key_hash(&self) -> KeyHash {
+        self.key.short_hash()
+    }
+
+    /// The key for the downstream call named `name` (`"stripe"`, `"ledger"`, …): the same for
+    /// every retry and every re-execution of this intent, different for each name and intent.
+    ///
+    /// ```
+    /// # use idem_runtime as idem;
+    /// # async fn charge_with_stripe() -> Result<(), ()> {
+    /// if let Some(call) = idem::current() {
+    ///     let key = call.derive("stripe");
+    ///     // request.header("Idempotency-Key", key.as_str())
+    /// #   let _ = key;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn derive(&self, name: &str) -> DownstreamKey {
+        derive_downstream_key(&self.key, name)
+    }
+}
+
+/// The call whose body is running, inside the body of a keyed `#[idempotent]` tool; `None`
+/// elsewhere: outside a tool, in a naturally idempotent tool, in a call that ran unprotected
+/// (no key), and in tasks the body spawns (pass the [`Current`] along: it is `Copy`).
+pub fn current() -> Option<Current> {
+    CURRENT.try_with(|c| *c).ok()
+}
+
+/// Runs `body` as the body of the call of `tool` with `key`.
+pub(crate) async fn run_as<F: Future>(
+    tool: &'static str,
+    key: IdempotencyKey,
+    body: F,
+) -> F::Output {
+    CURRENT.scope(Current { tool, key }, body).await
+}
