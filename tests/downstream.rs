@@ -177,3 +177,44 @@ async fn there_is_no_current_call_outside_a_keyed_body() {
     let keyed = tenant.run(optional(Some(unique("req")))).await.unwrap();
     assert_eq!(keyed.value(), Some(&true));
 }
+
+#[idempotent(key = "run_id", mutating, name = "downstream.panics", skip = "panic")]
+async fn panics(run_id: String, panic: bool) -> Result<u64, std::convert::Infallible> {
+    let call = idem::current().expect("keyed");
+    send(&run_id, call.derive("ledger").as_str());
+    effect(&run_id);
+    if panic {
+        panic!("the tool body panicked");
+    }
+    Ok(1)
+}
+
+#[tokio::test]
+async fn a_panicking_body_leaves_a_claim_the_lease_protects() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let idem = Idem::builder()
+        .lease(Duration::from_secs(30))
+        .clock(clock.clone())
+        .build(idem::store::memory::MemoryStore::new());
+    let tenant = idem.scope("tenant-a");
+    let run = unique("run");
+    let crashed = tokio::spawn(tenant.run(panics(run.clone(), true))).await;
+    assert!(crashed.unwrap_err().is_panic());
+    let meanwhile = tenant.run(panics(run.clone(), false)).await.unwrap();
+    assert!(meanwhile.is_in_flight(), "{meanwhile:?}");
+    assert_eq!(effects(&run), 1);
+    clock.advance(Duration::from_secs(31));
+    assert!(
+        tenant
+            .run(panics(run.clone(), false))
+            .await
+            .unwrap()
+            .is_fresh()
+    );
+    let keys = sent(&run);
+    assert_eq!(keys.len(), 2);
+    assert_eq!(
+        keys[0], keys[1],
+        "the re-execution sends the same downstream key"
+    );
+}
