@@ -25,6 +25,7 @@ use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 
+pub mod faulty;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
