@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput};
+use criterion::{Criterion, Throughput};
 use idem::{Idem, idempotent};
 use serde::{Deserialize, Serialize};
 
@@ -343,53 +343,16 @@ fn fresh<R: Raw>(
 }
 
 fn fresh_concurrent(c: &mut Criterion, backend: &str, url: &str, rt: &tokio::runtime::Runtime) {
-    let mut group = c.benchmark_group(format!("{backend}_fresh_concurrent"));
-    group.throughput(Throughput::Elements(1));
-    group.sample_size(10);
-    group.warm_up_time(Duration::from_secs(1));
-    group.measurement_time(Duration::from_secs(4));
     let idem = rt.block_on(Idem::open(url)).expect("open");
     let tenant = idem.scope(run_tenant());
-    let next = Arc::new(AtomicU64::new(0));
-    for callers in [1u64, 8, 64] {
-        group.bench_with_input(
-            BenchmarkId::new("idem", callers),
-            &callers,
-            |b, &callers| {
-                b.to_async(rt).iter_custom(|iters| {
-                    let (tenant, next) = (tenant.clone(), next.clone());
-                    async move {
-                        let start = Instant::now();
-                        let mut tasks = tokio::task::JoinSet::new();
-                        for caller in 0..callers {
-                            let calls = iters / callers + u64::from(caller < iters % callers);
-                            let (tenant, next) = (tenant.clone(), next.clone());
-                            tasks.spawn(async move {
-                                for _ in 0..calls {
-                                    let step = next.fetch_add(1, Ordering::Relaxed);
-                                    let out = tenant
-                                        .run(register_payment(
-                                            "run-2".into(),
-                                            step,
-                                            "cus_42".into(),
-                                            500,
-                                        ))
-                                        .await
-                                        .expect("call");
-                                    assert!(out.is_fresh());
-                                }
-                            });
-                        }
-                        while let Some(done) = tasks.join_next().await {
-                            done.expect("task");
-                        }
-                        start.elapsed()
-                    }
-                })
-            },
-        );
-    }
-    group.finish();
+    let group = format!("{backend}_fresh_concurrent");
+    support::concurrent_callers(c, &group, Duration::from_secs(4), rt, move |step| {
+        let tenant = tenant.clone();
+        async move {
+            let call = register_payment("run-2".into(), step, "cus_42".into(), 500);
+            assert!(tenant.run(call).await.expect("call").is_fresh());
+        }
+    });
 }
 
 fn with_option(url: &str, option: &str) -> String {

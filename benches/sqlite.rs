@@ -10,11 +10,11 @@
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput};
 use idem::{Idem, idempotent};
 use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
@@ -202,57 +202,26 @@ fn fresh(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
 }
 
 fn fresh_concurrent(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
-    let mut group = c.benchmark_group("fresh_concurrent");
-    group.throughput(Throughput::Elements(1));
-    group.sample_size(10);
-    group.measurement_time(Duration::from_secs(8));
     let idem = rt
         .block_on(Idem::open(&format!(
             "sqlite://{}",
             dir.join("concurrent.db").display()
         )))
         .expect("open");
-    let next = Arc::new(AtomicU64::new(0));
-    for callers in [1u64, 8, 64] {
-        group.bench_with_input(
-            BenchmarkId::new("idem", callers),
-            &callers,
-            |b, &callers| {
-                b.to_async(rt).iter_custom(|iters| {
-                    let tenant = idem.scope("tenant-a");
-                    let next = next.clone();
-                    async move {
-                        let start = Instant::now();
-                        let mut tasks = tokio::task::JoinSet::new();
-                        for caller in 0..callers {
-                            let calls = iters / callers + u64::from(caller < iters % callers);
-                            let (tenant, next) = (tenant.clone(), next.clone());
-                            tasks.spawn(async move {
-                                for _ in 0..calls {
-                                    let step = next.fetch_add(1, Ordering::Relaxed);
-                                    let out = tenant
-                                        .run(register_payment(
-                                            "run-2".into(),
-                                            step,
-                                            "cus_42".into(),
-                                            500,
-                                        ))
-                                        .await
-                                        .expect("call");
-                                    assert!(out.is_fresh());
-                                }
-                            });
-                        }
-                        while let Some(done) = tasks.join_next().await {
-                            done.expect("task");
-                        }
-                        start.elapsed()
-                    }
-                })
-            },
-        );
-    }
-    group.finish();
+    let tenant = idem.scope("tenant-a");
+    support::concurrent_callers(
+        c,
+        "fresh_concurrent",
+        Duration::from_secs(8),
+        rt,
+        move |step| {
+            let tenant = tenant.clone();
+            async move {
+                let call = register_payment("run-2".into(), step, "cus_42".into(), 500);
+                assert!(tenant.run(call).await.expect("call").is_fresh());
+            }
+        },
+    );
 }
 
 fn summary() {

@@ -42,3 +42,56 @@ pub fn ratio_row(label: &str, ours: Option<f64>, base: Option<f64>, target: f64)
         );
     }
 }
+
+/// Benchmarks `call(n)` (with `n` never passed before) made by 1, 8 and 64 concurrent callers,
+/// as `group/idem/{callers}`, measuring each for `measurement`; `iters` calls are split among the
+/// callers.
+pub fn concurrent_callers<F, Fut>(
+    c: &mut criterion::Criterion,
+    group: &str,
+    measurement: std::time::Duration,
+    rt: &tokio::runtime::Runtime,
+    call: F,
+) where
+    F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Instant;
+
+    let mut group = c.benchmark_group(group);
+    group.throughput(criterion::Throughput::Elements(1));
+    group.sample_size(10);
+    group.measurement_time(measurement);
+    let next = Arc::new(AtomicU64::new(0));
+    for callers in [1u64, 8, 64] {
+        group.bench_with_input(
+            criterion::BenchmarkId::new("idem", callers),
+            &callers,
+            |b, &callers| {
+                b.to_async(rt).iter_custom(|iters| {
+                    let (call, next) = (call.clone(), next.clone());
+                    async move {
+                        let start = Instant::now();
+                        let mut tasks = tokio::task::JoinSet::new();
+                        for caller in 0..callers {
+                            let calls = iters / callers + u64::from(caller < iters % callers);
+                            let (call, next) = (call.clone(), next.clone());
+                            tasks.spawn(async move {
+                                for _ in 0..calls {
+                                    call(next.fetch_add(1, Ordering::Relaxed)).await;
+                                }
+                            });
+                        }
+                        while let Some(done) = tasks.join_next().await {
+                            done.expect("task");
+                        }
+                        start.elapsed()
+                    }
+                })
+            },
+        );
+    }
+    group.finish();
+}
