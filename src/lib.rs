@@ -156,6 +156,44 @@ pub use idem_runtime::*;
 /// runs. `store` keeps the error and replays it (what Stripe does for requests that started
 /// executing); the error type must then be `Serialize + Deserialize`.
 ///
+/// # `check = path::to_fn`
+///
+/// A state check: an `async fn` that receives the tool's arguments by reference (and `self`, for
+/// methods taking `&self`) and answers whether the effect already happened,
+/// `Result<Option<T>, E>` with the tool's `T` and `E`: `Some(result)` if it did.
+///
+/// - With `mutating` and no `key` (form 3 on its own, like `assign_shift`): the check runs before
+///   every call; `Some(v)` answers `Replayed(v)` without running the body, `None` runs it
+///   (`Fresh`). No store is involved; concurrent first calls may both find nothing, so the effect
+///   itself must tolerate that (a unique constraint, an upsert).
+/// - With a `key`: the check runs only when a claim takes over an orphan (an `in_flight` record
+///   whose lease lapsed: its owner crashed or was cancelled, maybe after the effect). `Some(v)`
+///   stores `v` as the completed result and answers `Replayed(v)`; `None` runs the body. Inside
+///   the check, `idem::current()` is the call, so it can ask a provider by the same downstream key.
+///
+/// A check that fails answers [`Error::CheckFailed`](crate::Error::CheckFailed): the body does not
+/// run, and a claim taken for the check keeps the key until its lease lapses.
+///
+/// ```
+/// # use idem::idempotent;
+/// # #[derive(Debug, serde::Serialize, serde::Deserialize)] struct Shift { already_assigned: bool }
+/// async fn already_assigned(crewmate: &str, shift: &str) -> Result<Option<Shift>, String> {
+///     Ok(None) // ask the roster
+/// }
+///
+/// #[idempotent(mutating, check = already_assigned)]
+/// async fn assign_shift(crewmate: String, shift: String) -> Result<Shift, String> {
+///     Ok(Shift { already_assigned: false })
+/// }
+/// ```
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// # async fn already_set(entity: &str) -> Result<Option<()>, String> { Ok(None) }
+/// #[idempotent(natural, check = already_set)] // a natural tool has nothing to reconcile
+/// async fn set_status(entity: String) -> Result<(), String> { Ok(()) }
+/// ```
+///
 /// # Arguments and results
 ///
 /// Every argument of a keyed tool must be `Serialize` (it is fingerprinted), and the value must

@@ -7,8 +7,8 @@ use syn::{Ident, LitStr, Token};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: &str =
-    "`key`, `mutating`, `natural`, `required`, `name`, `ttl`, `lease`, `skip`, `on_error`";
+const OPTIONS: &str = "`key`, `mutating`, `natural`, `required`, `name`, `ttl`, `lease`, `skip`, \
+                       `on_error`, `check`";
 
 /// A dotted path written in a string option: `run_id`, `req.run_id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +57,8 @@ pub struct Args {
     pub lease: Option<(Ident, DurationArg)>,
     pub skip: Option<(Ident, PathList)>,
     pub on_error: Option<(Ident, LitStr, OnError)>,
+    /// `check = path::to_fn`: the state check.
+    pub check: Option<(Ident, syn::Path)>,
     /// The keywords in the order they were written.
     pub order: Vec<String>,
 }
@@ -185,6 +187,23 @@ impl Parse for Args {
                         &keyword,
                         (keyword.clone(), PathList { lit, paths }),
                     )?;
+                }
+                "check" => {
+                    if !input.peek(Token![=]) {
+                        return Err(syn::Error::new(
+                            keyword.span(),
+                            "`check` takes the path of an async fn: `check = already_done`",
+                        ));
+                    }
+                    input.parse::<Token![=]>()?;
+                    let path: syn::Path = input.parse().map_err(|e| {
+                        syn::Error::new(
+                            e.span(),
+                            "`check` takes the path of an async fn, not a string: \
+                             `check = already_done`",
+                        )
+                    })?;
+                    set_once(&mut args.check, &keyword, (keyword.clone(), path))?;
                 }
                 "name" => {
                     let lit = value(input, &keyword)?;

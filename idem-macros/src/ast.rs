@@ -6,6 +6,7 @@ use syn::{FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType,
 /// A named parameter.
 pub struct Param {
     pub ident: Ident,
+    pub mutability: Option<syn::token::Mut>,
     pub ty: Type,
 }
 
@@ -20,6 +21,8 @@ pub struct Tool {
     pub item: ItemFn,
     pub params: Vec<Param>,
     pub has_receiver: bool,
+    /// `self` taken by value (not `&self` / `&mut self`).
+    pub receiver_by_value: bool,
     pub ret: Ret,
 }
 
@@ -27,13 +30,18 @@ impl Tool {
     pub fn from_item(item: ItemFn) -> syn::Result<Self> {
         let mut params = Vec::new();
         let mut has_receiver = false;
+        let mut receiver_by_value = false;
         for input in &item.sig.inputs {
             match input {
-                FnArg::Receiver(_) => has_receiver = true,
+                FnArg::Receiver(r) => {
+                    has_receiver = true;
+                    receiver_by_value = r.reference.is_none();
+                }
                 FnArg::Typed(pat_type) => match &*pat_type.pat {
                     Pat::Ident(pat) if pat.subpat.is_none() && pat.by_ref.is_none() => {
                         params.push(Param {
                             ident: pat.ident.clone(),
+                            mutability: pat.mutability,
                             ty: (*pat_type.ty).clone(),
                         });
                     }
@@ -62,6 +70,7 @@ impl Tool {
             item,
             params,
             has_receiver,
+            receiver_by_value,
             ret,
         })
     }

@@ -105,7 +105,15 @@ fn registration(checked: &Checked) -> TokenStream {
     }
     match &checked.form {
         Form::Natural => info.extend(quote!(.natural())),
+        Form::StateCheck(path) => {
+            let path = path_string(path);
+            info.extend(quote!(.state_check().check(#path)));
+        }
         Form::Keyed(keyed) => {
+            if let Some(path) = &keyed.check {
+                let path = path_string(path);
+                info.extend(quote!(.check(#path)));
+            }
             let parts = keyed.parts.iter().map(|p| p.path.dotted());
             let required = keyed.required;
             info.extend(quote!(.key(&[#(#parts),*], #required)));
@@ -135,6 +143,27 @@ fn registration(checked: &Checked) -> TokenStream {
     }
 }
 
+/// A path as the user wrote it, for the report (`checks::already_assigned`).
+fn path_string(path: &syn::Path) -> String {
+    quote!(#path).to_string().replace(' ', "")
+}
+
+/// The call of the state check on the arguments, all lent: `path(self, &a, &b)`, or, inside the
+/// reconcile closure, `path(self, &args.0, &args.1)`.
+fn check_call(tool: &Tool, path: &syn::Path, from_tuple: bool) -> TokenStream {
+    let recv = tool.has_receiver.then(|| quote!(self,));
+    let args = tool.params.iter().enumerate().map(|(i, p)| {
+        if from_tuple {
+            let index = syn::Index::from(i);
+            quote!(&__idem_args.#index)
+        } else {
+            let ident = &p.ident;
+            quote!(&#ident)
+        }
+    });
+    quote_spanned!(path.span()=> #path(#recv #(#args),*).await)
+}
+
 /// The span of the return type: the runtime call is spanned there, so that a return type that
 /// is not a `Result`, or whose value cannot be stored, is reported at it.
 fn return_span(tool: &Tool) -> Span {
@@ -162,13 +191,43 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
                 ::idem::__private::ToolArgument::add_to(&#ident, __idem_fingerprint, #name);
         }
     });
-    let run = match keyed.on_error {
-        OnError::Release => format_ident!("run_keyed"),
-        OnError::Store => format_ident!("run_keyed_storing_errors"),
-    };
     let body = body_future(tool);
-    let call = quote_spanned! {return_span(tool)=>
-        ::idem::__private::#run(&__IDEM_TOOL, __idem_key, __idem_fingerprint, #body).await
+    let call = match &keyed.check {
+        None => {
+            let run = match keyed.on_error {
+                OnError::Release => format_ident!("run_keyed"),
+                OnError::Store => format_ident!("run_keyed_storing_errors"),
+            };
+            quote_spanned! {return_span(tool)=>
+                ::idem::__private::#run(&__IDEM_TOOL, __idem_key, __idem_fingerprint, #body).await
+            }
+        }
+        Some(path) => {
+            // The arguments go to the runtime as a tuple: lent to the check (only when an
+            // orphan is taken over), then given to the body.
+            let run = match keyed.on_error {
+                OnError::Release => format_ident!("run_keyed_checked"),
+                OnError::Store => format_ident!("run_keyed_checked_storing_errors"),
+            };
+            let idents: Vec<_> = tool.params.iter().map(|p| &p.ident).collect();
+            let bindings = tool.params.iter().map(|p| {
+                let (m, ident) = (&p.mutability, &p.ident);
+                quote!(#m #ident)
+            });
+            let types = tool.params.iter().map(|p| &p.ty);
+            let check = check_call(tool, path, true);
+            quote_spanned! {return_span(tool)=>
+                ::idem::__private::#run(
+                    &__IDEM_TOOL,
+                    __idem_key,
+                    __idem_fingerprint,
+                    (#(#idents,)*),
+                    async |__idem_args: &(#(#types,)*)| #check,
+                    move |(#(#bindings,)*)| #body,
+                )
+                .await
+            }
+        }
     };
     quote! {
         let __idem_key = {
@@ -194,6 +253,15 @@ fn generate(checked: &Checked) -> TokenStream {
         Form::Natural => {
             let body = body_future(tool);
             quote_spanned!(return_span(tool)=> ::idem::__private::run_natural(&__IDEM_TOOL, #body).await)
+        }
+        Form::StateCheck(path) => {
+            // The check borrows the arguments and finishes before the body takes them.
+            let check = check_call(tool, path, false);
+            let body = body_future(tool);
+            quote! {
+                let __idem_found = #check;
+                ::idem::__private::run_checked(&__IDEM_TOOL, __idem_found, #body).await
+            }
         }
     };
     quote! {

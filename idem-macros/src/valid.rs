@@ -21,11 +21,15 @@ pub struct Keyed {
     pub ttl_ms: Option<u64>,
     pub lease_ms: Option<u64>,
     pub skip: Vec<FieldPath>,
+    /// The state check that reconciles orphans.
+    pub check: Option<syn::Path>,
 }
 
 pub enum Form {
     Keyed(Keyed),
     Natural,
+    /// `check = …` without a key: the check decides.
+    StateCheck(syn::Path),
 }
 
 /// A tool that passed every rule.
@@ -299,9 +303,29 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
             for keyword in args.keyed_only_options() {
                 not_for_natural(keyword, &mut errors);
             }
+            if let Some((keyword, _)) = &args.check {
+                not_for_natural(keyword, &mut errors);
+            }
             Some(Form::Natural)
         }
+        (Some(_), None) if args.key.is_none() && args.check.is_some() => {
+            for keyword in args.keyed_only_options() {
+                errors.push(
+                    keyword.span(),
+                    format!(
+                        "`{keyword}` applies to tools with a `key`; a tool decided by its \
+                         `check` alone keeps no claim. Add a `key`, or remove `{keyword}`"
+                    ),
+                );
+            }
+            let (keyword, path) = args.check.clone().expect("checked above");
+            check_receiver(&tool, &keyword, &mut errors);
+            Some(Form::StateCheck(path))
+        }
         (Some(mutating), None) => {
+            if let Some((keyword, _)) = &args.check {
+                check_receiver(&tool, keyword, &mut errors);
+            }
             let parts = match &args.key {
                 Some((_, list)) => check_key(&tool, &list.lit, &list.paths, &mut errors),
                 None => {
@@ -309,7 +333,8 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
                         mutating.span(),
                         "`mutating` tools must declare `key = \"…\"`; an agent retry would repeat \
                          the effect. Name the parameters that identify the intent, e.g. \
-                         `key = \"run_id, step_id\"`",
+                         `key = \"run_id, step_id\"` (or, with no key, a `check = …` that \
+                         finds an effect that already happened)",
                     );
                     Vec::new()
                 }
@@ -331,6 +356,7 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
                     .as_ref()
                     .map(|s| s.1.paths.clone())
                     .unwrap_or_default(),
+                check: args.check.as_ref().map(|c| c.1.clone()),
             }))
         }
         (None, None) => {
@@ -354,6 +380,20 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
         form: form.expect("a form when there are no errors"),
         tool,
     })
+}
+
+/// The check borrows the arguments before the body takes them: `self` by value cannot be lent.
+fn check_receiver(tool: &Tool, keyword: &Ident, errors: &mut Errors) {
+    if tool.receiver_by_value {
+        errors.push(
+            keyword.span(),
+            format!(
+                "`check` lends the arguments to the check before the body takes them, which \
+                 `self` by value does not allow; take `&self` in `{}`",
+                tool.item.sig.ident
+            ),
+        );
+    }
 }
 
 fn check_ttl_covers_lease(ttl: &DurationArg, lease: &DurationArg, errors: &mut Errors) {

@@ -200,8 +200,10 @@ where
     R::Ok: StorableResult,
     F: Future<Output = R>,
 {
-    execute::<R::Ok, R::Err, _, Release>(tool, key, fingerprint, async { body.await.into_result() })
-        .await
+    let body = move |()| async { body.await.into_result() };
+    // No check: a closure of a concrete type, so that the call's future stays `Send`.
+    let no_check = Some(async |_: &()| Ok(None)).filter(|_| false);
+    execute::<_, _, _, _, _, _, Release>(tool, key, fingerprint, (), no_check, body).await
 }
 
 /// Runs a keyed tool whose errors are stored and replayed (`on_error = "store"`).
@@ -217,10 +219,80 @@ where
     R::Err: StorableError,
     F: Future<Output = R>,
 {
-    execute::<R::Ok, R::Err, _, StoreErrors>(tool, key, fingerprint, async {
-        body.await.into_result()
-    })
-    .await
+    let body = move |()| async { body.await.into_result() };
+    let no_check = Some(async |_: &()| Ok(None)).filter(|_| false);
+    execute::<_, _, _, _, _, _, StoreErrors>(tool, key, fingerprint, (), no_check, body).await
+}
+
+/// Runs a keyed tool with a state check (`check = …`) that reconciles orphans; its errors
+/// release the claim. `args` are the tool's arguments, lent to `check` and then given to `body`.
+pub async fn run_keyed_checked<R, A, C, B, F>(
+    tool: &'static ToolInfo,
+    key: KeyParts,
+    fingerprint: Result<Fingerprint, CanonicalError>,
+    args: A,
+    check: C,
+    body: B,
+) -> Result<Outcome<R::Ok>, Error<R::Err>>
+where
+    R: ToolResult,
+    R::Ok: StorableResult,
+    C: AsyncFnOnce(&A) -> Result<Option<R::Ok>, R::Err>,
+    B: FnOnce(A) -> F,
+    F: Future<Output = R>,
+{
+    let body = move |args| async { body(args).await.into_result() };
+    execute::<_, _, _, _, _, _, Release>(tool, key, fingerprint, args, Some(check), body).await
+}
+
+/// [`run_keyed_checked`] for a tool whose errors are stored and replayed.
+pub async fn run_keyed_checked_storing_errors<R, A, C, B, F>(
+    tool: &'static ToolInfo,
+    key: KeyParts,
+    fingerprint: Result<Fingerprint, CanonicalError>,
+    args: A,
+    check: C,
+    body: B,
+) -> Result<Outcome<R::Ok>, Error<R::Err>>
+where
+    R: ToolResult,
+    R::Ok: StorableResult,
+    R::Err: StorableError,
+    C: AsyncFnOnce(&A) -> Result<Option<R::Ok>, R::Err>,
+    B: FnOnce(A) -> F,
+    F: Future<Output = R>,
+{
+    let body = move |args| async { body(args).await.into_result() };
+    execute::<_, _, _, _, _, _, StoreErrors>(tool, key, fingerprint, args, Some(check), body).await
+}
+
+/// Runs a tool decided by its state check alone (no key): `found` is the check's answer, made
+/// before the body future exists. `Some(result)`: the effect already happened, `Replayed`;
+/// `None`: the body runs, `Fresh`.
+pub async fn run_checked<R, F>(
+    tool: &'static ToolInfo,
+    found: Result<Option<R::Ok>, R::Err>,
+    body: F,
+) -> Result<Outcome<R::Ok>, Error<R::Err>>
+where
+    R: ToolResult,
+    F: Future<Output = R>,
+{
+    match found {
+        Ok(Some(value)) => Ok(Outcome::Replayed(value)),
+        Ok(None) => body
+            .await
+            .into_result()
+            .map(Outcome::Fresh)
+            .map_err(|error| Error::Tool {
+                error,
+                replayed: false,
+            }),
+        Err(error) => Err(Error::CheckFailed {
+            tool: tool.name,
+            error,
+        }),
+    }
 }
 
 /// Runs a naturally idempotent tool: no key, no store, always `Fresh`.
@@ -241,14 +313,18 @@ where
         })
 }
 
-async fn execute<T, E, F, H>(
+async fn execute<T, E, A, C, B, F, H>(
     tool: &'static ToolInfo,
     key: KeyParts,
     fingerprint: Result<Fingerprint, CanonicalError>,
-    body: F,
+    args: A,
+    check: Option<C>,
+    body: B,
 ) -> Result<Outcome<T>, Error<E>>
 where
     T: Serialize + DeserializeOwned,
+    C: AsyncFnOnce(&A) -> Result<Option<T>, E>,
+    B: FnOnce(A) -> F,
     F: Future<Output = Result<T, E>>,
     H: ErrorHandling<E>,
 {
@@ -270,7 +346,7 @@ where
         if tool.key_required {
             return Err(Error::MissingKey { tool: name, part });
         }
-        return match body.await {
+        return match body(args).await {
             Ok(v) => Ok(Outcome::Unprotected(v)),
             Err(error) => Err(Error::Tool {
                 error,
@@ -323,10 +399,47 @@ where
                 }),
             };
         }
-        Claim::Acquired { token, .. } => token,
+        Claim::Acquired { token, takeover } => {
+            // An orphan: its owner died after the claim, maybe after the effect. The state
+            // check, if the tool has one, says which before anything runs again.
+            if let Some(check) = check.filter(|_| takeover) {
+                match crate::current::run_as(name, key, check(&args)).await {
+                    Ok(Some(value)) => {
+                        let bytes = serde_json::to_vec(&StoredRef::<T, ()>::Ok(&value)).map_err(
+                            |source| Error::ResultNotStored {
+                                tool: name,
+                                key: key.short_hash(),
+                                source,
+                            },
+                        )?;
+                        let completion = Completion {
+                            tenant,
+                            key,
+                            token,
+                            result: &bytes,
+                            now: idem.clock().now(),
+                            ttl,
+                        };
+                        return match store.complete(completion).await {
+                            Ok(Fenced::Applied) => Ok(Outcome::Replayed(value)),
+                            Ok(Fenced::Lost) => Err(Error::LeaseLost {
+                                tool: name,
+                                key: key.short_hash(),
+                            }),
+                            Err(e) => Err(Error::Store(e)),
+                        };
+                    }
+                    Ok(None) => {}
+                    // Unknown whether the effect happened: keep the claim (the lease protects
+                    // it) and run nothing.
+                    Err(error) => return Err(Error::CheckFailed { tool: name, error }),
+                }
+            }
+            token
+        }
     };
 
-    let result = crate::current::run_as(name, key, body).await;
+    let result = crate::current::run_as(name, key, body(args)).await;
     let encoded = match &result {
         Ok(v) => Some(serde_json::to_vec(&StoredRef::<T, ()>::Ok(v))),
         Err(e) => H::encode(e),

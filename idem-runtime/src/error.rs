@@ -85,6 +85,14 @@ pub enum Error<E> {
         /// The store's error.
         source: StoreError,
     },
+    /// The tool's state check (`check = …`) failed, so whether the effect already happened is
+    /// unknown: the body did not run, and a claim the call held stays held until its lease lapses.
+    CheckFailed {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// The check's error.
+        error: E,
+    },
     /// The stored result of an earlier call could not be decoded into the tool's return type
     /// (the type changed since it was stored).
     StoredResultUnreadable {
@@ -152,6 +160,10 @@ impl<E> Error<E> {
             Error::CompletionFailed { tool, key, source } => {
                 Error::CompletionFailed { tool, key, source }
             }
+            Error::CheckFailed { tool, error } => Error::CheckFailed {
+                tool,
+                error: f(error),
+            },
             Error::StoredResultUnreadable { tool, key, source } => {
                 Error::StoredResultUnreadable { tool, key, source }
             }
@@ -198,6 +210,10 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 f,
                 "tool `{tool}` (key {key}): the body ran but its result could not be encoded"
             ),
+            Error::CheckFailed { tool, error } => write!(
+                f,
+                "tool `{tool}`: its state check failed ({error}); the body did not run"
+            ),
             Error::CompletionFailed { tool, key, .. } => write!(
                 f,
                 "tool `{tool}` (key {key}): the body ran but the store failed while recording \
@@ -222,6 +238,7 @@ impl<E: StdError + 'static> StdError for Error<E> {
             Error::ResultNotStored { source, .. }
             | Error::StoredResultUnreadable { source, .. } => Some(source),
             Error::CompletionFailed { source, .. } => Some(source),
+            Error::CheckFailed { error, .. } => error.source(),
             Error::MissingKey { .. }
             | Error::InvalidTenant { .. }
             | Error::NoRuntime { .. }

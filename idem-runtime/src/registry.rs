@@ -28,6 +28,9 @@ pub enum Form {
     Keyed,
     /// `natural`: safe to repeat as it is (`set_status("active")`); no store traffic.
     Natural,
+    /// `check = …` without a key: the tool asks its state check whether the effect already
+    /// happened (`assign_shift`) before running; no store traffic.
+    StateCheck,
 }
 
 /// What happens to the claim when the tool body returns an error.
@@ -73,6 +76,8 @@ pub struct ToolInfo {
     pub skip: &'static [&'static [&'static str]],
     /// What an error of the body does to the claim.
     pub on_error: ErrorPolicy,
+    /// The state check (`check = path`) that reconciles orphans, or decides a keyless tool.
+    pub check: Option<&'static str>,
 }
 
 fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
@@ -105,6 +110,7 @@ impl ToolInfo {
             lease: None,
             skip: &[],
             on_error: ErrorPolicy::Release,
+            check: None,
         }
     }
 
@@ -142,6 +148,18 @@ impl ToolInfo {
     /// The skipped argument paths.
     pub const fn skip(mut self, paths: &'static [&'static [&'static str]]) -> Self {
         self.skip = paths;
+        self
+    }
+
+    /// The state check, by its path as written.
+    pub const fn check(mut self, path: &'static str) -> Self {
+        self.check = Some(path);
+        self
+    }
+
+    /// Marks the tool as decided by its state check alone (no key).
+    pub const fn state_check(mut self) -> Self {
+        self.form = Form::StateCheck;
         self
     }
 
@@ -422,9 +440,13 @@ impl Report {
         );
         out.push_str("|---|---|---|---|---|---|---|---|\n");
         for t in &self.tools {
-            let form = match t.form {
-                Form::Keyed => "keyed (mutating)",
-                Form::Natural => "natural",
+            let form = match (t.form, t.check) {
+                (Form::Keyed, None) => "keyed (mutating)".to_owned(),
+                (Form::Keyed, Some(check)) => {
+                    format!("keyed (mutating), orphans reconciled by `{check}`")
+                }
+                (Form::StateCheck, check) => format!("state check `{}`", check.unwrap_or("?")),
+                (Form::Natural, _) => "natural".to_owned(),
             };
             let key = if t.key_parts.is_empty() {
                 "—".to_owned()
@@ -454,7 +476,7 @@ impl Report {
                         ErrorPolicy::Store => "store",
                     },
                 ),
-                Form::Natural => ("—".into(), "—".into(), "—"),
+                Form::Natural | Form::StateCheck => ("—".into(), "—".into(), "—"),
             };
             let skip = if t.skip.is_empty() {
                 "—".to_owned()
