@@ -171,7 +171,7 @@ pub use idem_runtime::*;
 ///   stores `v` as the completed result and answers `Replayed(v)`; `None` runs the body. Inside
 ///   the check, `idem::current()` is the call, so it can ask a provider by the same downstream key.
 ///
-/// A check that fails answers [`Error::CheckFailed`](crate::Error::CheckFailed): the body does not
+/// A check that fails answers [`Error::CheckFailed`]: the body does not
 /// run, and a claim taken for the check keeps the key until its lease lapses.
 ///
 /// ```
