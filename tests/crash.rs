@@ -93,12 +93,10 @@ impl Store for Marking {
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             let claim = self.0.claim(req).await?;
-            if matches!(claim, Claim::Acquired { .. }) {
-                if let Some(intent) = intent_of(req.tool) {
-                    mark('C', intent);
-                    // A window after the claim, before the effect.
-                    tokio::time::sleep(Duration::from_millis(3)).await;
-                }
+            if let (Claim::Acquired { .. }, Some(intent)) = (&claim, intent_of(req.tool)) {
+                mark('C', intent);
+                // A window after the claim, before the effect.
+                tokio::time::sleep(Duration::from_millis(3)).await;
             }
             Ok(claim)
         })
