@@ -1,6 +1,7 @@
 //! A store that fails at random (seeded): whatever fails, every answer is an outcome or a
 //! documented error, every effect is accounted for, and a second effect of an intent never
-//! happens without a caller having been told that a body ran unrecorded.
+//! happens without a caller having been told that a body ran unrecorded. With a state check
+//! that finds the effect, no intent's effect ever happens twice.
 
 mod common;
 
@@ -19,6 +20,27 @@ async fn charge(run_id: String, amount_cents: u64) -> Result<u64, std::convert::
     Ok(amount_cents)
 }
 
+/// Effects by run id, as a provider would keep them (the check reads them).
+fn charged(run_id: &str) -> bool {
+    effects(run_id) > 0
+}
+
+async fn already_charged(
+    run_id: &str,
+    amount_cents: &u64,
+) -> Result<Option<u64>, std::convert::Infallible> {
+    Ok(charged(run_id).then_some(*amount_cents))
+}
+
+#[idempotent(key = "run_id", mutating, check = already_charged, name = "faults.charge_checked")]
+async fn charge_checked(
+    run_id: String,
+    amount_cents: u64,
+) -> Result<u64, std::convert::Infallible> {
+    effect(&run_id);
+    Ok(amount_cents)
+}
+
 /// Per intent: answers seen, and body runs the callers were told about.
 #[derive(Default, Debug)]
 struct Seen {
@@ -26,7 +48,7 @@ struct Seen {
     ran_unrecorded: usize,
 }
 
-fn scenario(seed: u64, steps: &[(u8, bool)]) -> Result<(), TestCaseError> {
+fn scenario(seed: u64, steps: &[(u8, bool)], checked: bool) -> Result<(), TestCaseError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -52,7 +74,12 @@ fn scenario(seed: u64, steps: &[(u8, bool)]) -> Result<(), TestCaseError> {
                 lapsed = true;
             }
             let i = usize::from(intent);
-            match tenant.run(charge(runs[i].clone(), 500)).await {
+            let answer = if checked {
+                tenant.run(charge_checked(runs[i].clone(), 500)).await
+            } else {
+                tenant.run(charge(runs[i].clone(), 500)).await
+            };
+            match answer {
                 Ok(Outcome::Fresh(_)) => seen[i].fresh += 1,
                 Ok(Outcome::Replayed(_) | Outcome::InFlight(_)) => {}
                 Ok(other) => prop_assert!(false, "unexpected outcome {other:?}"),
@@ -66,6 +93,10 @@ fn scenario(seed: u64, steps: &[(u8, bool)]) -> Result<(), TestCaseError> {
         }
         for (run, seen) in runs.iter().zip(&seen) {
             let ran = effects(run);
+            if checked {
+                prop_assert!(ran <= 1, "with a check, never twice: {:?}", seen);
+                continue;
+            }
             prop_assert_eq!(
                 ran,
                 seen.fresh + seen.ran_unrecorded,
@@ -94,6 +125,14 @@ proptest! {
         seed in any::<u64>(),
         steps in prop::collection::vec((0u8..4, prop::bool::weighted(0.1)), 1..40),
     ) {
-        scenario(seed, &steps)?;
+        scenario(seed, &steps, false)?;
+    }
+
+    #[test]
+    fn with_a_check_faults_never_repeat_an_effect(
+        seed in any::<u64>(),
+        steps in prop::collection::vec((0u8..4, prop::bool::weighted(0.1)), 1..40),
+    ) {
+        scenario(seed, &steps, true)?;
     }
 }
