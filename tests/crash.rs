@@ -4,6 +4,8 @@
 //! synced on every write, and has a state check that asks the provider (by the call's downstream
 //! key) whether the charge happened. From the ledger: every intent is charged exactly once.
 //!
+//! The same runs against Postgres when `IDEM_TEST_POSTGRES_URL` names a server.
+//!
 //! The child marks each moment in a phase file (`B` before the call, `C` claimed, `E` inside the
 //! effect, `F` effect done but not yet completed, `D` completed), so the parent knows where each
 //! kill landed. `IDEM_CRASH_CYCLES` sets the number of cycles (default 60; the full run in the
@@ -15,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use idem::store::conformance::test_server_url;
+use idem::store::postgres::PostgresStore;
 use idem::store::sqlite::SqliteStore;
 use idem::store::{Claim, ClaimRequest, Completion, Fenced, Store, StoreFuture};
 use idem::{Idem, idempotent};
@@ -75,8 +79,8 @@ async fn charge(intent: u32) -> Result<u32, std::io::Error> {
     Ok(intent)
 }
 
-/// The SQLite store, marking the claims and completions it answers.
-struct Marking(SqliteStore);
+/// The store under test, marking the claims and completions it answers.
+struct Marking(Box<dyn Store>);
 
 /// The intent being called (one call at a time in a child).
 static CURRENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
@@ -145,7 +149,10 @@ fn crash_worker() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = SqliteStore::open_path(env_path("IDEM_CRASH_DB")).expect("open");
+        let store: Box<dyn Store> = match std::env::var("IDEM_CRASH_POSTGRES") {
+            Ok(url) => Box::new(PostgresStore::open_url(&url).await.expect("open postgres")),
+            Err(_) => Box::new(SqliteStore::open_path(env_path("IDEM_CRASH_DB")).expect("open")),
+        };
         let idem = Idem::builder().lease(LEASE).build(Marking(store));
         let tenant = idem.scope("tenant-crash");
         for intent in 0..INTENTS {
@@ -164,6 +171,32 @@ fn crash_worker() {
 
 #[test]
 fn kill_9_at_random_moments() {
+    kill_9_cycles(None);
+}
+
+/// The same against Postgres (a schema of its own), when `IDEM_TEST_POSTGRES_URL` names one.
+#[test]
+fn kill_9_at_random_moments_on_postgres() {
+    let Some(url) = test_server_url("IDEM_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let schema = format!("idem_crash_{}", uuid::Uuid::new_v4().simple());
+    let sep = if url.contains('?') { '&' } else { '?' };
+    kill_9_cycles(Some(format!("{url}{sep}schema={schema}")));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    });
+}
+
+fn kill_9_cycles(postgres: Option<String>) {
     let cycles: u32 = std::env::var("IDEM_CRASH_CYCLES")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -179,15 +212,19 @@ fn kill_9_at_random_moments() {
         seed % below
     };
     let child = |phases: &Path| {
-        Command::new(std::env::current_exe().unwrap())
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
             .args(["crash_worker", "--exact", "--ignored", "--test-threads=1"])
             .env("IDEM_CRASH_DB", &db)
             .env("IDEM_CRASH_LEDGER", &ledger)
             .env("IDEM_CRASH_PHASES", phases)
+            .env_remove("IDEM_CRASH_POSTGRES")
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn")
+            .stderr(Stdio::piped());
+        if let Some(url) = &postgres {
+            command.env("IDEM_CRASH_POSTGRES", url);
+        }
+        command.spawn().expect("spawn")
     };
     for cycle in 0..cycles {
         let phases = dir.path().join(format!("phases-{cycle}"));
@@ -227,8 +264,13 @@ fn kill_9_at_random_moments() {
     assert_eq!(charged.len(), INTENTS as usize, "every intent charged");
     let mut phases: Vec<_> = kills.iter().collect();
     phases.sort();
+    let store = if postgres.is_some() {
+        "Postgres"
+    } else {
+        "SQLite"
+    };
     println!(
-        "{cycles} cycles, kills by the last moment reached ({{B: before the claim, C: claimed, \
+        "{store}: {cycles} cycles, kills by the last moment reached ({{B: before the claim, C: claimed, \
          E: inside the effect, F: effect done, not completed, D: completed, -: before the first \
          call}}): {phases:?}; {} intents, each charged exactly once",
         charged.len()
