@@ -7,8 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{effect, effects, unique};
-use idem::clock::ManualClock;
+use common::{effect, effects, manual_runtime, unique};
 use idem::{Idem, idempotent};
 
 /// The keys the "provider" received, by run id, in order.
@@ -89,11 +88,7 @@ async fn a_retry_after_an_error_sends_the_same_downstream_key() {
 
 #[tokio::test]
 async fn a_re_execution_after_a_cancelled_call_sends_the_same_downstream_key() {
-    let clock = ManualClock::new(1_700_000_000_000);
-    let idem = Idem::builder()
-        .lease(Duration::from_secs(30))
-        .clock(clock.clone())
-        .build(idem::store::memory::MemoryStore::new());
+    let (idem, clock) = manual_runtime();
     let tenant = idem.scope("tenant-a");
     let run = unique("run");
 
@@ -191,11 +186,7 @@ async fn panics(run_id: String, panic: bool) -> Result<u64, std::convert::Infall
 
 #[tokio::test]
 async fn a_panicking_body_leaves_a_claim_the_lease_protects() {
-    let clock = ManualClock::new(1_700_000_000_000);
-    let idem = Idem::builder()
-        .lease(Duration::from_secs(30))
-        .clock(clock.clone())
-        .build(idem::store::memory::MemoryStore::new());
+    let (idem, clock) = manual_runtime();
     let tenant = idem.scope("tenant-a");
     let run = unique("run");
     let crashed = tokio::spawn(tenant.run(panics(run.clone(), true))).await;

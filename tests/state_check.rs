@@ -8,9 +8,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{effect, effects, unique};
-use idem::clock::ManualClock;
-use idem::{Error, Idem, Outcome, idempotent};
+use common::{effect, effects, manual_runtime, unique};
+use idem::{Error, Outcome, idempotent};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -168,15 +167,6 @@ async fn charge(run_id: String, amount_cents: u64, phase: Phase) -> Result<u64, 
     Ok(amount_cents)
 }
 
-fn runtime() -> (Idem, ManualClock) {
-    let clock = ManualClock::new(1_700_000_000_000);
-    let idem = Idem::builder()
-        .lease(Duration::from_secs(30))
-        .clock(clock.clone())
-        .build(idem::store::memory::MemoryStore::new());
-    (idem, clock)
-}
-
 /// Runs a call that the agent loop gives up on after 50 ms.
 async fn cancelled(tenant: &idem::Scope, run: &str, phase: Phase) {
     let call = tenant.run(charge(run.to_owned(), 500, phase));
@@ -189,7 +179,7 @@ async fn cancelled(tenant: &idem::Scope, run: &str, phase: Phase) {
 
 #[tokio::test]
 async fn an_orphan_whose_effect_happened_is_reconciled_not_run_again() {
-    let (idem, clock) = runtime();
+    let (idem, clock) = manual_runtime();
     let tenant = idem.scope("tenant-a");
     let run = unique("run");
     cancelled(&tenant, &run, Phase::HangAfter).await;
@@ -226,7 +216,7 @@ async fn an_orphan_whose_effect_happened_is_reconciled_not_run_again() {
 
 #[tokio::test]
 async fn an_orphan_whose_effect_did_not_happen_runs_once() {
-    let (idem, clock) = runtime();
+    let (idem, clock) = manual_runtime();
     let tenant = idem.scope("tenant-a");
     let run = unique("run");
     cancelled(&tenant, &run, Phase::HangBefore).await;
@@ -242,7 +232,7 @@ async fn an_orphan_whose_effect_did_not_happen_runs_once() {
 
 #[tokio::test]
 async fn the_check_runs_only_for_orphans() {
-    let (idem, _clock) = runtime();
+    let (idem, _clock) = manual_runtime();
     let tenant = idem.scope("tenant-a");
     let run = unique("run");
     assert!(
@@ -265,7 +255,7 @@ async fn the_check_runs_only_for_orphans() {
 
 #[tokio::test]
 async fn a_failing_check_keeps_the_orphan_blocked() {
-    let (idem, clock) = runtime();
+    let (idem, clock) = manual_runtime();
     let tenant = idem.scope("tenant-a");
     let run = format!("{}-check-fails", unique("run"));
     cancelled(&tenant, &run, Phase::HangAfter).await;
@@ -316,7 +306,7 @@ fn the_registry_and_report_name_the_check() {
 
 #[tokio::test]
 async fn checked_calls_can_be_spawned() {
-    let (idem, _clock) = runtime();
+    let (idem, _clock) = manual_runtime();
     let tenant = idem.scope("tenant-a");
     let run = unique("run");
     let keyed = tokio::spawn(tenant.run(charge(run.clone(), 500, Phase::Finish)));

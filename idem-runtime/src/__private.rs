@@ -378,7 +378,10 @@ where
     let token = match claim {
         Claim::Mismatch => return Ok(Outcome::Mismatch(Mismatch::new(name, key.short_hash()))),
         Claim::InFlight { lease_expires_at } => {
-            let retry_after = Duration::from_millis(lease_expires_at.saturating_sub(now));
+            // Until the lease lapses, by this caller's clock; never more than one lease (the
+            // owner read its clock a little later than this caller, or runs slightly ahead).
+            let retry_after = Duration::from_millis(lease_expires_at.saturating_sub(now))
+                .min(tool.effective_lease(idem));
             return Ok(Outcome::InFlight(InFlight::new(
                 name,
                 key.short_hash(),

@@ -40,6 +40,16 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
 
+/// A runtime on a memory store with a 30 s lease and a clock the test moves.
+pub fn manual_runtime() -> (idem::Idem, idem::clock::ManualClock) {
+    let clock = idem::clock::ManualClock::new(1_700_000_000_000);
+    let idem = idem::Idem::builder()
+        .lease(std::time::Duration::from_secs(30))
+        .clock(clock.clone())
+        .build(MemoryStore::new());
+    (idem, clock)
+}
+
 /// A store that fails every operation, as an unreachable server would.
 pub struct DownStore;
 
