@@ -12,48 +12,18 @@
 //! `cargo bench --bench shared` prints the ratios at the end; a backend whose variable is unset
 //! is skipped with a note.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use idem::{Idem, idempotent};
-use serde::{Deserialize, Serialize};
+use idem::Idem;
 
 mod support;
-use support::{criterion_dir, median_ns, ratio_row, runtime};
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Payment {
-    payment_id: String,
-    customer: String,
-    amount_cents: u64,
-}
-
-#[idempotent(key = "run_id, step_id", mutating, name = "bench.register_payment")]
-async fn register_payment(
-    run_id: String,
-    step_id: u64,
-    customer: String,
-    amount_cents: u64,
-) -> Result<Payment, Infallible> {
-    Ok(Payment {
-        payment_id: format!("pay_{run_id}_{step_id}"),
-        customer,
-        amount_cents,
-    })
-}
-
-fn payment_json(n: u64) -> Vec<u8> {
-    serde_json::to_vec(&Payment {
-        payment_id: format!("pay_run-1_{n}"),
-        customer: "cus_42".into(),
-        amount_cents: 500,
-    })
-    .expect("json")
-}
+use support::{
+    Payment, criterion_dir, median_ns, payment_json, ratio_row, register_payment, runtime,
+};
 
 /// A key as a hand-written store would make it: hashed, so rows land at random B-tree positions.
 fn raw_key(tenant: &str, n: u64) -> [u8; 32] {

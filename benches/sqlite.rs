@@ -8,40 +8,19 @@
 //! `cargo bench --bench sqlite` prints the ratios at the end. All files live under the target
 //! directory, on the same disk.
 
-use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput};
-use idem::{Idem, idempotent};
+use idem::Idem;
 use rusqlite::{Connection, params};
-use serde::{Deserialize, Serialize};
-use support::{criterion_dir, median_ns, ratio_row as row, runtime};
+use support::{
+    Payment, criterion_dir, median_ns, payment_json, ratio_row as row, register_payment, runtime,
+};
 
 mod support;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Payment {
-    payment_id: String,
-    customer: String,
-    amount_cents: u64,
-}
-
-#[idempotent(key = "run_id, step_id", mutating, name = "bench.register_payment")]
-async fn register_payment(
-    run_id: String,
-    step_id: u64,
-    customer: String,
-    amount_cents: u64,
-) -> Result<Payment, Infallible> {
-    Ok(Payment {
-        payment_id: format!("pay_{run_id}_{step_id}"),
-        customer,
-        amount_cents,
-    })
-}
 
 fn bench_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("idem-bench");
@@ -64,15 +43,6 @@ fn raw_connection(path: &Path) -> Connection {
     )
     .expect("schema");
     conn
-}
-
-fn payment_json(n: u64) -> Vec<u8> {
-    serde_json::to_vec(&Payment {
-        payment_id: format!("pay_run-1_{n}"),
-        customer: "cus_42".into(),
-        amount_cents: 500,
-    })
-    .expect("json")
 }
 
 fn replay(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {

@@ -2,7 +2,44 @@
 
 #![allow(dead_code)] // each bench uses a part of it
 
+use std::convert::Infallible;
 use std::path::{Path, PathBuf};
+
+use idem::idempotent;
+use serde::{Deserialize, Serialize};
+
+/// What the benchmarked tool returns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Payment {
+    pub payment_id: String,
+    pub customer: String,
+    pub amount_cents: u64,
+}
+
+/// The benchmarked tool: the seeds' `register_payment`, with no effect of its own.
+#[idempotent(key = "run_id, step_id", mutating, name = "bench.register_payment")]
+pub async fn register_payment(
+    run_id: String,
+    step_id: u64,
+    customer: String,
+    amount_cents: u64,
+) -> Result<Payment, Infallible> {
+    Ok(Payment {
+        payment_id: format!("pay_{run_id}_{step_id}"),
+        customer,
+        amount_cents,
+    })
+}
+
+/// The JSON a raw baseline stores for step `n`, the same value idem stores.
+pub fn payment_json(n: u64) -> Vec<u8> {
+    serde_json::to_vec(&Payment {
+        payment_id: format!("pay_run-1_{n}"),
+        customer: "cus_42".into(),
+        amount_cents: 500,
+    })
+    .expect("json")
+}
 
 /// Criterion's output, under the target directory.
 pub fn criterion_dir() -> PathBuf {
