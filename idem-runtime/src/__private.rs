@@ -280,14 +280,8 @@ where
 {
     match found {
         Ok(Some(value)) => Ok(Outcome::Replayed(value)),
-        Ok(None) => body
-            .await
-            .into_result()
-            .map(Outcome::Fresh)
-            .map_err(|error| Error::Tool {
-                error,
-                replayed: false,
-            }),
+        // Nothing happened yet: the body runs as a natural tool's does.
+        Ok(None) => run_natural(tool, body).await,
         Err(error) => Err(Error::CheckFailed {
             tool: tool.name,
             error,

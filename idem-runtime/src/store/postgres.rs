@@ -114,9 +114,7 @@ impl PostgresOptions {
                     options.statement_timeout = (ms > 0).then(|| Duration::from_millis(ms));
                 }
                 "replay_cache" => {
-                    options.replay_cache = value.parse().map_err(|_| {
-                        format!("`replay_cache` must be a number of entries (0 disables it), not `{value}`")
-                    })?;
+                    options.replay_cache = replay_cache::parse_capacity(value)?;
                 }
                 "sslmode" if value != "disable" => {
                     return Err(

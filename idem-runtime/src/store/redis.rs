@@ -176,9 +176,7 @@ impl RedisOptions {
                     options.timeout = Duration::from_millis(ms);
                 }
                 "replay_cache" => {
-                    options.replay_cache = value.parse().map_err(|_| {
-                        format!("`replay_cache` must be a number of entries (0 disables it), not `{value}`")
-                    })?;
+                    options.replay_cache = replay_cache::parse_capacity(value)?;
                 }
                 "protocol" => passed_on.push(pair),
                 _ => {

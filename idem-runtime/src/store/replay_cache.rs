@@ -22,6 +22,13 @@ pub(crate) const MAX_RESULT: usize = 16 * 1024;
 /// Default number of entries.
 pub(crate) const DEFAULT_CAPACITY: usize = 1024;
 
+/// Parses the `replay_cache=N` option every store URL takes.
+pub(crate) fn parse_capacity(value: &str) -> Result<usize, String> {
+    value.parse().map_err(|_| {
+        format!("`replay_cache` must be a number of entries (0 disables it), not `{value}`")
+    })
+}
+
 struct Entry {
     tenant: Box<str>,
     fingerprint: Fingerprint,

@@ -131,10 +131,8 @@ impl SqliteOptions {
                         "`synchronous` must be `full` or `normal`, not `{value}`"
                     ));
                 }
-                ("replay_cache", v) => {
-                    options.replay_cache = v.parse().map_err(|_| {
-                        format!("`replay_cache` must be a number of entries (0 disables it), not `{value}`")
-                    })?;
+                ("replay_cache", _) => {
+                    options.replay_cache = replay_cache::parse_capacity(value)?;
                 }
                 ("busy_timeout_ms", v) => {
                     let ms: u64 = v.parse().map_err(|_| {
