@@ -150,11 +150,39 @@ pub use idem_runtime::*;
 /// Arguments or fields left out of the fingerprint: volatile data a client library injects, which
 /// would otherwise turn a faithful retry into a mismatch.
 ///
-/// # `on_error = "release" | "store"`
+/// # `on_error = "release" | "store" | "unknown" | "classify"`
 ///
-/// `release` (the default) deletes the claim when the body returns an error, so a corrected retry
-/// runs. `store` keeps the error and replays it (what Stripe does for requests that started
-/// executing); the error type must then be `Serialize + Deserialize`.
+/// What an error of the body means for the key ([`ErrorClass`]), reported to the caller in
+/// [`Error::Tool`]'s `class`:
+///
+/// - `release` (the default): no effect happened; the claim is deleted, so a corrected retry runs.
+/// - `store`: a definite end that retries must see (what Stripe does for requests that started
+///   executing); the error is stored and replayed. The error type must be
+///   `Serialize + Deserialize`.
+/// - `unknown`: the effect may have happened (a timeout after the request left). The key is
+///   blocked: later calls get [`Outcome::Unknown`] and the body does not run, until the tool's
+///   `check` finds out (at the next call) or the TTL ends.
+/// - `classify`: the error type implements [`ClassifyError`] and says, error by error, which of
+///   the three it is; it must also be `Serialize + Deserialize`.
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// #[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// struct Declined;
+/// // error: `Declined` does not implement `idem::ClassifyError`
+/// #[idempotent(key = "run_id", mutating, on_error = "classify")]
+/// async fn charge(run_id: String) -> Result<u64, Declined> { Err(Declined) }
+/// ```
+///
+/// # `on_orphan = "takeover" | "unknown"`
+///
+/// For keyed tools without a `check`: what a later call does with an *orphan*, the `in_flight`
+/// record of a call that died (crash, panic, cancelled future) after its claim, once its lease
+/// lapsed. `takeover` (the default) runs the body again with a new fencing token: right when the
+/// effect is deduplicated downstream (pass `idem::current().derive(…)` as the provider's
+/// idempotency key) or harmless to repeat. `unknown` marks the record unknown and answers
+/// [`Outcome::Unknown`]: the body never runs twice, at the price of a human decision after a crash.
+/// With a `check`, the check decides and `on_orphan` is refused.
 ///
 /// # `check = path::to_fn`
 ///
@@ -167,7 +195,8 @@ pub use idem_runtime::*;
 ///   (`Fresh`). No store is involved; concurrent first calls may both find nothing, so the effect
 ///   itself must tolerate that (a unique constraint, an upsert).
 /// - With a `key`: the check runs only when a claim takes over an orphan (an `in_flight` record
-///   whose lease lapsed: its owner crashed or was cancelled, maybe after the effect). `Some(v)`
+///   whose lease lapsed: its owner crashed or was cancelled, maybe after the effect) or an
+///   `unknown` record (an error classified unknown). `Some(v)`
 ///   stores `v` as the completed result and answers `Replayed(v)`; `None` runs the body. Inside
 ///   the check, `idem::current()` is the call, so it can ask a provider by the same downstream key.
 ///

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{CountingStore, DownStore, effect, effects, unique};
 use idem::clock::ManualClock;
-use idem::{Error, Idem, Outcome, idempotent};
+use idem::{Error, ErrorClass, Idem, Outcome, idempotent};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -193,7 +193,8 @@ async fn an_error_releases_the_key_so_a_corrected_retry_runs() {
         err,
         Error::Tool {
             error: PaymentError::ZeroAmount,
-            replayed: false
+            replayed: false,
+            class: ErrorClass::Release,
         }
     ));
     // Same key, same (bad) arguments: released, so it runs (and fails) again.
@@ -215,7 +216,7 @@ async fn under_on_error_store_the_error_is_replayed() {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, Error::Tool { error: PaymentError::Declined, replayed: r } if r == replayed),
+            matches!(err, Error::Tool { error: PaymentError::Declined, replayed: r, class: ErrorClass::Store } if r == replayed),
             "{err:?}"
         );
     }
@@ -747,7 +748,7 @@ async fn the_registry_lists_every_tool_and_the_report_is_sorted() {
     let strict = tools.iter().find(|t| t.name == "payments.strict").unwrap();
     assert_eq!(strict.on_error, idem::registry::ErrorPolicy::Store);
     let md = idem::registry::report().to_markdown();
-    assert!(md.contains("| `bank.transfer` | keyed (mutating) | `req.run_id`, `req.step` | 1d (default) | 30s (default) | release | `req.sent_at`, `req.trace_id` |"), "{md}");
+    assert!(md.contains("| `bank.transfer` | keyed (mutating) | `req.run_id`, `req.step` | 1d (default) | 30s (default) | release | takeover | `req.sent_at`, `req.trace_id` |"), "{md}");
 
     let idem = Idem::open("memory://").await.unwrap();
     let audit = idem::audit(&idem).await;

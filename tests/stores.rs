@@ -7,7 +7,7 @@ mod common;
 
 use common::{effect, effects, unique};
 use idem::store::conformance::test_server_url;
-use idem::store::{Claim, ClaimRequest, Completion, Fenced, Store};
+use idem::store::{Claim, ClaimRequest, Completion, Fenced, Orphans, RecordStatus, Store};
 use idem::{Error, Idem, OpenError, Outcome, StoreErrorKind, idempotent};
 
 #[idempotent(key = "run_id", mutating, name = "stores.charge")]
@@ -163,6 +163,81 @@ async fn postgres_dropped_table_fails_closed_then_reopening_repairs() {
 }
 
 #[tokio::test]
+async fn postgres_version_1_schema_is_upgraded_with_its_records() {
+    let Some(url) = postgres_url() else { return };
+    let schema = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    // What version 1 left: its table (with the constraint Postgres named), its claim function
+    // (one argument fewer), one record.
+    client
+        .batch_execute(&format!(
+            r#"CREATE SCHEMA "{schema}";
+            CREATE TABLE "{schema}".idem_meta (name text PRIMARY KEY, value integer NOT NULL);
+            INSERT INTO "{schema}".idem_meta VALUES ('schema_version', 1);
+            CREATE TABLE "{schema}".idem_records (
+                tenant text NOT NULL, key bytea NOT NULL CHECK (length(key) = 32),
+                tool text NOT NULL, fingerprint bytea NOT NULL CHECK (length(fingerprint) = 32),
+                status text NOT NULL CHECK (status IN ('in_flight', 'completed')),
+                token bigint NOT NULL, lease_expires_at bigint NOT NULL,
+                created_at bigint NOT NULL, expires_at bigint NOT NULL, result bytea,
+                PRIMARY KEY (tenant, key));
+            CREATE FUNCTION "{schema}".idem_claim(p_tenant text, p_key bytea, p_tool text,
+                p_fingerprint bytea, p_token bigint, p_now bigint, p_lease bigint, p_ttl bigint)
+                RETURNS smallint LANGUAGE sql AS 'SELECT 0::smallint';
+            INSERT INTO "{schema}".idem_records VALUES ('old', decode(repeat('ab', 32), 'hex'),
+                'tool', decode(repeat('cd', 32), 'hex'), 'completed', 5, 0, 1,
+                9000000000000, 'kept');"#
+        ))
+        .await
+        .expect("a version 1 schema");
+
+    let scoped = with_option(&url, &format!("schema={schema}"));
+    let idem = Idem::open(&scoped).await.expect("open upgrades");
+    let run = unique("run");
+    assert!(
+        idem.scope(unique("tenant"))
+            .run(charge(run.clone(), 5))
+            .await
+            .unwrap()
+            .is_fresh()
+    );
+    assert_eq!(effects(&run), 1);
+    let one = |sql: String| {
+        let client = &client;
+        async move { client.query_one(&sql, &[]).await.expect(&sql) }
+    };
+    let version: i32 = one(format!(
+        r#"SELECT value FROM "{schema}".idem_meta WHERE name = 'schema_version'"#
+    ))
+    .await
+    .get(0);
+    assert_eq!(version, 2);
+    let kept: Vec<u8> = one(format!(
+        r#"SELECT result FROM "{schema}".idem_records WHERE tenant = 'old'"#
+    ))
+    .await
+    .get(0);
+    assert_eq!(kept, b"kept");
+    let claims: i64 = one(format!(
+        "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+         WHERE n.nspname = '{schema}' AND p.proname = 'idem_claim'"
+    ))
+    .await
+    .get(0);
+    assert_eq!(claims, 1, "the version 1 claim function is gone");
+    client
+        .batch_execute(&format!(
+            r#"UPDATE "{schema}".idem_records SET status = 'unknown' WHERE tenant = 'old';
+            DROP SCHEMA "{schema}" CASCADE"#
+        ))
+        .await
+        .expect("`unknown` is accepted now");
+}
+
+#[tokio::test]
 async fn postgres_newer_schema_is_refused_untouched() {
     let Some(url) = postgres_url() else { return };
     let schema = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
@@ -220,6 +295,7 @@ async fn postgres_connection_loss_between_claim_and_completion_keeps_the_claim()
         now: 1_000,
         lease: std::time::Duration::from_secs(30),
         ttl: std::time::Duration::from_secs(3600),
+        orphans: Orphans::TakeOver,
     };
     let Claim::Acquired { token, .. } = store.claim(request).await.expect("claim") else {
         panic!("a new key is acquired")
@@ -245,6 +321,7 @@ async fn postgres_connection_loss_between_claim_and_completion_keeps_the_claim()
             tenant: &tenant,
             key,
             token,
+            status: RecordStatus::Completed,
             result: b"{\"ok\":5}",
             now: 1_001,
             ttl: std::time::Duration::from_secs(3600),

@@ -8,7 +8,7 @@ use syn::{Ident, LitStr, Token};
 use crate::duration::parse_millis;
 
 const OPTIONS: &str = "`key`, `mutating`, `natural`, `required`, `name`, `ttl`, `lease`, `skip`, \
-                       `on_error`, `check`";
+                       `on_error`, `on_orphan`, `check`";
 
 /// A dotted path written in a string option: `run_id`, `req.run_id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +43,27 @@ pub struct DurationArg {
 pub enum OnError {
     Release,
     Store,
+    Unknown,
+    Classify,
+}
+
+impl OnError {
+    /// The runtime's policy type and registry variant, by name.
+    pub fn names(self) -> (&'static str, &'static str) {
+        match self {
+            OnError::Release => ("ReleaseErrors", "Release"),
+            OnError::Store => ("StoreErrors", "Store"),
+            OnError::Unknown => ("UnknownErrors", "Unknown"),
+            OnError::Classify => ("ClassifiedErrors", "Classify"),
+        }
+    }
+}
+
+/// What a later call does with an orphan of a tool without a state check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnOrphan {
+    TakeOver,
+    Unknown,
 }
 
 /// The attribute, parsed. Each option keeps the span of its keyword for diagnostics.
@@ -57,6 +78,7 @@ pub struct Args {
     pub lease: Option<(Ident, DurationArg)>,
     pub skip: Option<(Ident, PathList)>,
     pub on_error: Option<(Ident, LitStr, OnError)>,
+    pub on_orphan: Option<(Ident, LitStr, OnOrphan)>,
     /// `check = path::to_fn`: the state check.
     pub check: Option<(Ident, syn::Path)>,
     /// The keywords in the order they were written.
@@ -73,6 +95,7 @@ impl Args {
             self.lease.as_ref().map(|o| &o.0),
             self.skip.as_ref().map(|o| &o.0),
             self.on_error.as_ref().map(|o| &o.0),
+            self.on_orphan.as_ref().map(|o| &o.0),
         ]
         .into_iter()
         .flatten()
@@ -222,17 +245,43 @@ impl Parse for Args {
                     let policy = match lit.value().as_str() {
                         "release" => OnError::Release,
                         "store" => OnError::Store,
+                        "unknown" => OnError::Unknown,
+                        "classify" => OnError::Classify,
                         other => {
                             return Err(syn::Error::new(
                                 lit.span(),
                                 format!(
-                                    "`on_error` is `\"release\"` (delete the claim so a corrected retry runs) \
-                                     or `\"store\"` (keep the error and replay it), not `\"{other}\"`"
+                                    "`on_error` is `\"release\"` (delete the claim so a corrected retry runs), \
+                                     `\"store\"` (keep the error and replay it), `\"unknown\"` (the effect \
+                                     may have happened: block the key) or `\"classify\"` (the error type \
+                                     implements `idem::ClassifyError`), not `\"{other}\"`"
                                 ),
                             ));
                         }
                     };
                     set_once(&mut args.on_error, &keyword, (keyword.clone(), lit, policy))?;
+                }
+                "on_orphan" => {
+                    let lit = value(input, &keyword)?;
+                    let policy = match lit.value().as_str() {
+                        "takeover" => OnOrphan::TakeOver,
+                        "unknown" => OnOrphan::Unknown,
+                        other => {
+                            return Err(syn::Error::new(
+                                lit.span(),
+                                format!(
+                                    "`on_orphan` is `\"takeover\"` (run the body again after its \
+                                     owner crashed) or `\"unknown\"` (block the key until an operator \
+                                     decides), not `\"{other}\"`"
+                                ),
+                            ));
+                        }
+                    };
+                    set_once(
+                        &mut args.on_orphan,
+                        &keyword,
+                        (keyword.clone(), lit, policy),
+                    )?;
                 }
                 "mutating" => {
                     flag(input, &keyword)?;

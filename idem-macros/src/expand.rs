@@ -7,7 +7,7 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{AttrStyle, Ident, ItemFn, ReturnType};
 
-use crate::args::{Args, FieldPath, OnError};
+use crate::args::{Args, FieldPath, OnError, OnOrphan};
 use crate::ast::{Ret, Tool};
 use crate::fallback;
 use crate::valid::{self, Checked, Form, Keyed};
@@ -130,8 +130,12 @@ fn registration(checked: &Checked) -> TokenStream {
                 });
                 info.extend(quote!(.skip(&[#(#paths),*])));
             }
-            if keyed.on_error == OnError::Store {
-                info.extend(quote!(.on_error(::idem::__private::ErrorPolicy::Store)));
+            if keyed.on_error != OnError::Release {
+                let variant = format_ident!("{}", keyed.on_error.names().1);
+                info.extend(quote!(.on_error(::idem::__private::ErrorPolicy::#variant)));
+            }
+            if keyed.on_orphan == OnOrphan::Unknown {
+                info.extend(quote!(.on_orphan(::idem::__private::OrphanPolicy::Unknown)));
             }
         }
     }
@@ -192,23 +196,24 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
         }
     });
     let body = body_future(tool);
+    // Spanned at the return type: an error type that does not fit the policy is reported there.
+    let policy = format_ident!("{}", keyed.on_error.names().0, span = return_span(tool));
     let call = match &keyed.check {
         None => {
-            let run = match keyed.on_error {
-                OnError::Release => format_ident!("run_keyed"),
-                OnError::Store => format_ident!("run_keyed_storing_errors"),
-            };
             quote_spanned! {return_span(tool)=>
-                ::idem::__private::#run(&__IDEM_TOOL, __idem_key, __idem_fingerprint, #body).await
+                ::idem::__private::run_keyed(
+                    &__IDEM_TOOL,
+                    ::idem::__private::#policy,
+                    __idem_key,
+                    __idem_fingerprint,
+                    #body,
+                )
+                .await
             }
         }
         Some(path) => {
             // The arguments go to the runtime as a tuple: lent to the check (only when an
             // orphan is taken over), then given to the body.
-            let run = match keyed.on_error {
-                OnError::Release => format_ident!("run_keyed_checked"),
-                OnError::Store => format_ident!("run_keyed_checked_storing_errors"),
-            };
             let idents: Vec<_> = tool.params.iter().map(|p| &p.ident).collect();
             let bindings = tool.params.iter().map(|p| {
                 let (m, ident) = (&p.mutability, &p.ident);
@@ -217,8 +222,9 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
             let types = tool.params.iter().map(|p| &p.ty);
             let check = check_call(tool, path, true);
             quote_spanned! {return_span(tool)=>
-                ::idem::__private::#run(
+                ::idem::__private::run_keyed_checked(
                     &__IDEM_TOOL,
+                    ::idem::__private::#policy,
                     __idem_key,
                     __idem_fingerprint,
                     (#(#idents,)*),

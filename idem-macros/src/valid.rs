@@ -5,7 +5,7 @@ use proc_macro2::Span;
 use syn::spanned::Spanned;
 use syn::{Ident, LitStr, Type};
 
-use crate::args::{Args, DurationArg, FieldPath, OnError, attribute_span};
+use crate::args::{Args, DurationArg, FieldPath, OnError, OnOrphan, attribute_span};
 use crate::ast::Tool;
 
 /// One key part, ready to expand.
@@ -18,6 +18,7 @@ pub struct Keyed {
     pub parts: Vec<KeyPartPlan>,
     pub required: bool,
     pub on_error: OnError,
+    pub on_orphan: OnOrphan,
     pub ttl_ms: Option<u64>,
     pub lease_ms: Option<u64>,
     pub skip: Vec<FieldPath>,
@@ -325,6 +326,13 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
         (Some(mutating), None) => {
             if let Some((keyword, _)) = &args.check {
                 check_receiver(&tool, keyword, &mut errors);
+                if let Some((on_orphan, _, _)) = &args.on_orphan {
+                    errors.push(
+                        on_orphan.span(),
+                        "`on_orphan` applies to tools without a `check`; with one, the check \
+                         decides whether an orphan's effect happened. Remove `on_orphan`",
+                    );
+                }
             }
             let parts = match &args.key {
                 Some((_, list)) => check_key(&tool, &list.lit, &list.paths, &mut errors),
@@ -349,6 +357,7 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
                 parts,
                 required: args.required.is_some(),
                 on_error: args.on_error.as_ref().map_or(OnError::Release, |o| o.2),
+                on_orphan: args.on_orphan.as_ref().map_or(OnOrphan::TakeOver, |o| o.2),
                 ttl_ms: args.ttl.as_ref().map(|t| t.1.millis),
                 lease_ms: args.lease.as_ref().map(|l| l.1.millis),
                 skip: args

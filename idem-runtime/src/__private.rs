@@ -1,7 +1,8 @@
 //! What the `#[idempotent]` macro expands to calls. Not a public API: it changes without notice.
 //!
 //! The generated code is thin: it hands the key parts, the fingerprint input and the original
-//! body (as a future) to [`run_keyed`], [`run_keyed_storing_errors`] or [`run_natural`]. Every
+//! body (as a future) to [`run_keyed`], [`run_keyed_checked`], [`run_checked`] or
+//! [`run_natural`], naming the tool's `on_error` policy ([`ReleaseErrors`], …). Every
 //! decision is made here, in ordinary, unit-tested Rust.
 
 use std::future::Future;
@@ -13,16 +14,16 @@ use serde::{Deserialize, Serialize};
 pub use inventory;
 
 pub use crate::fingerprint::ArgsFingerprint;
-pub use crate::registry::{ErrorPolicy, Registration, ToolInfo};
+pub use crate::registry::{ErrorPolicy, OrphanPolicy, Registration, ToolInfo};
 
 use crate::ToolResult;
 use crate::canonical::CanonicalError;
-use crate::error::Error;
+use crate::error::{ClassifyError, Error, ErrorClass};
 use crate::fingerprint::Fingerprint;
 use crate::key::{InvalidKey, KeyPart, derive_key};
-use crate::outcome::{InFlight, Mismatch, Outcome};
+use crate::outcome::{InFlight, Mismatch, Outcome, Unknown};
 use crate::runtime::Scope;
-use crate::store::{Claim, ClaimRequest, Completion, Fenced};
+use crate::store::{Claim, ClaimRequest, Completion, Fenced, Orphans, RecordStatus};
 
 /// Wraps a key part value so that method resolution can tell `Option<_>` parts (optional keys)
 /// from every other type (autoref specialization; see [`OptionalKeyPart`] and
@@ -135,7 +136,17 @@ impl<T: Serialize + DeserializeOwned> StorableResult for T {}
 pub trait StorableError: Serialize + DeserializeOwned {}
 impl<T: Serialize + DeserializeOwned> StorableError for T {}
 
-/// What a record stores: the body's value or, under `on_error = "store"`, its error.
+/// The error of a tool with `on_error = "classify"`: it says what each error means, and the
+/// ones it classifies [`ErrorClass::Store`] are stored for replays.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify itself: with `on_error = \"classify\"` the tool's error type must implement `idem::ClassifyError`, `serde::Serialize` and `serde::Deserialize`",
+    label = "this error type is not `ClassifyError + Serialize + DeserializeOwned`",
+    note = "implement `idem::ClassifyError` (its default says `Release`) and derive the serde traits: errors classified `Store` are replayed"
+)]
+pub trait ClassifiedError: ClassifyError + Serialize + DeserializeOwned {}
+impl<T: ClassifyError + Serialize + DeserializeOwned> ClassifiedError for T {}
+
+/// What a record stores: the body's value or, when its class is `Store`, its error.
 #[derive(Serialize)]
 #[serde(rename_all = "lowercase")]
 enum StoredRef<'a, T, E> {
@@ -150,84 +161,133 @@ enum Stored<T, E> {
     Err(E),
 }
 
-/// How a tool's errors are kept: not at all (release) or stored for replay.
-trait ErrorHandling<E> {
-    /// `None`: release the claim. `Some`: store these bytes.
-    fn encode(error: &E) -> Option<Result<Vec<u8>, serde_json::Error>>;
-    /// Decodes a stored record into the value or the error.
-    fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<Result<T, E>, serde_json::Error>;
+/// How an error type is handled under the `on_error` policy `P` of a tool: what each error
+/// means for the claim, and how the stored ones are encoded. `P` is one unit struct per policy,
+/// which the generated code names; the bounds of each impl are what the policy requires of the
+/// error type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not fit the `on_error` policy of this tool (`{P}`)",
+    label = "this error type lacks what the tool's `on_error` policy needs",
+    note = "`on_error = \"store\"` keeps errors for replay: the error type must implement `serde::Serialize` and `serde::Deserialize`; `on_error = \"classify\"` needs those and `idem::ClassifyError`; `\"release\"` (the default) and `\"unknown\"` need nothing"
+)]
+pub trait ErrorHandling<P>: Sized {
+    /// The class of this error.
+    fn class(&self) -> ErrorClass;
+    /// Encodes an error of class [`ErrorClass::Store`].
+    fn encode(&self) -> Result<Vec<u8>, serde_json::Error>;
+    /// Decodes a completed record into the value or the stored error.
+    fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<Result<T, Self>, serde_json::Error>;
 }
 
-struct Release;
+/// Decodes a record of a tool whose errors are never stored.
+fn decode_value<T: DeserializeOwned, E>(bytes: &[u8]) -> Result<Result<T, E>, serde_json::Error> {
+    match serde_json::from_slice::<Stored<T, IgnoredAny>>(bytes)? {
+        Stored::Ok(v) => Ok(Ok(v)),
+        Stored::Err(_) => Err(serde::de::Error::custom(
+            "the record holds an error, but the tool no longer stores errors",
+        )),
+    }
+}
 
-impl<E> ErrorHandling<E> for Release {
-    fn encode(_: &E) -> Option<Result<Vec<u8>, serde_json::Error>> {
-        None
+/// Decodes a record of a tool whose errors may be stored.
+fn decode_stored<T: DeserializeOwned, E: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<Result<T, E>, serde_json::Error> {
+    Ok(match serde_json::from_slice::<Stored<T, E>>(bytes)? {
+        Stored::Ok(v) => Ok(v),
+        Stored::Err(e) => Err(e),
+    })
+}
+
+fn never_stored() -> serde_json::Error {
+    serde::ser::Error::custom("this tool's policy never stores an error")
+}
+
+/// `on_error = "release"` (the default): every error releases the claim.
+pub struct ReleaseErrors;
+
+impl<E> ErrorHandling<ReleaseErrors> for E {
+    fn class(&self) -> ErrorClass {
+        ErrorClass::Release
+    }
+    fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
+        Err(never_stored())
     }
     fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<Result<T, E>, serde_json::Error> {
-        match serde_json::from_slice::<Stored<T, IgnoredAny>>(bytes)? {
-            Stored::Ok(v) => Ok(Ok(v)),
-            Stored::Err(_) => Err(serde::de::Error::custom(
-                "the record holds an error, but the tool no longer stores errors",
-            )),
-        }
+        decode_value(bytes)
     }
 }
 
-struct StoreErrors;
+/// `on_error = "store"`: every error is stored and replayed.
+pub struct StoreErrors;
 
-impl<E: Serialize + DeserializeOwned> ErrorHandling<E> for StoreErrors {
-    fn encode(error: &E) -> Option<Result<Vec<u8>, serde_json::Error>> {
-        Some(serde_json::to_vec(&StoredRef::<(), E>::Err(error)))
+impl<E: StorableError> ErrorHandling<StoreErrors> for E {
+    fn class(&self) -> ErrorClass {
+        ErrorClass::Store
+    }
+    fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(&StoredRef::<(), E>::Err(self))
     }
     fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<Result<T, E>, serde_json::Error> {
-        Ok(match serde_json::from_slice::<Stored<T, E>>(bytes)? {
-            Stored::Ok(v) => Ok(v),
-            Stored::Err(e) => Err(e),
-        })
+        decode_stored(bytes)
     }
 }
 
-/// Runs a keyed tool whose errors release the claim (`on_error = "release"`, the default).
-pub async fn run_keyed<R, F>(
+/// `on_error = "unknown"`: every error leaves the key blocked as unknown.
+pub struct UnknownErrors;
+
+impl<E> ErrorHandling<UnknownErrors> for E {
+    fn class(&self) -> ErrorClass {
+        ErrorClass::Unknown
+    }
+    fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
+        Err(never_stored())
+    }
+    fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<Result<T, E>, serde_json::Error> {
+        decode_value(bytes)
+    }
+}
+
+/// `on_error = "classify"`: the error type says, error by error ([`ClassifyError`]).
+pub struct ClassifiedErrors;
+
+impl<E: ClassifiedError> ErrorHandling<ClassifiedErrors> for E {
+    fn class(&self) -> ErrorClass {
+        ClassifyError::class(self)
+    }
+    fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(&StoredRef::<(), E>::Err(self))
+    }
+    fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<Result<T, E>, serde_json::Error> {
+        decode_stored(bytes)
+    }
+}
+
+/// Runs a keyed tool: claim, run the body at most once, settle the record as `policy` says.
+pub async fn run_keyed<H, R, F>(
     tool: &'static ToolInfo,
+    _policy: H,
     key: KeyParts,
     fingerprint: Result<Fingerprint, CanonicalError>,
     body: F,
 ) -> Result<Outcome<R::Ok>, Error<R::Err>>
 where
     R: ToolResult,
+    R::Err: ErrorHandling<H>,
     R::Ok: StorableResult,
     F: Future<Output = R>,
 {
     let body = move |()| async { body.await.into_result() };
     // No check: a closure of a concrete type, so that the call's future stays `Send`.
     let no_check = Some(async |_: &()| Ok(None)).filter(|_| false);
-    execute::<_, _, _, _, _, _, Release>(tool, key, fingerprint, (), no_check, body).await
+    execute::<_, _, _, _, _, _, H>(tool, key, fingerprint, (), no_check, body).await
 }
 
-/// Runs a keyed tool whose errors are stored and replayed (`on_error = "store"`).
-pub async fn run_keyed_storing_errors<R, F>(
+/// Runs a keyed tool with a state check (`check = …`) that reconciles orphans and `unknown`
+/// records. `args` are the tool's arguments, lent to `check` and then given to `body`.
+pub async fn run_keyed_checked<H, R, A, C, B, F>(
     tool: &'static ToolInfo,
-    key: KeyParts,
-    fingerprint: Result<Fingerprint, CanonicalError>,
-    body: F,
-) -> Result<Outcome<R::Ok>, Error<R::Err>>
-where
-    R: ToolResult,
-    R::Ok: StorableResult,
-    R::Err: StorableError,
-    F: Future<Output = R>,
-{
-    let body = move |()| async { body.await.into_result() };
-    let no_check = Some(async |_: &()| Ok(None)).filter(|_| false);
-    execute::<_, _, _, _, _, _, StoreErrors>(tool, key, fingerprint, (), no_check, body).await
-}
-
-/// Runs a keyed tool with a state check (`check = …`) that reconciles orphans; its errors
-/// release the claim. `args` are the tool's arguments, lent to `check` and then given to `body`.
-pub async fn run_keyed_checked<R, A, C, B, F>(
-    tool: &'static ToolInfo,
+    _policy: H,
     key: KeyParts,
     fingerprint: Result<Fingerprint, CanonicalError>,
     args: A,
@@ -236,34 +296,14 @@ pub async fn run_keyed_checked<R, A, C, B, F>(
 ) -> Result<Outcome<R::Ok>, Error<R::Err>>
 where
     R: ToolResult,
+    R::Err: ErrorHandling<H>,
     R::Ok: StorableResult,
     C: AsyncFnOnce(&A) -> Result<Option<R::Ok>, R::Err>,
     B: FnOnce(A) -> F,
     F: Future<Output = R>,
 {
     let body = move |args| async { body(args).await.into_result() };
-    execute::<_, _, _, _, _, _, Release>(tool, key, fingerprint, args, Some(check), body).await
-}
-
-/// [`run_keyed_checked`] for a tool whose errors are stored and replayed.
-pub async fn run_keyed_checked_storing_errors<R, A, C, B, F>(
-    tool: &'static ToolInfo,
-    key: KeyParts,
-    fingerprint: Result<Fingerprint, CanonicalError>,
-    args: A,
-    check: C,
-    body: B,
-) -> Result<Outcome<R::Ok>, Error<R::Err>>
-where
-    R: ToolResult,
-    R::Ok: StorableResult,
-    R::Err: StorableError,
-    C: AsyncFnOnce(&A) -> Result<Option<R::Ok>, R::Err>,
-    B: FnOnce(A) -> F,
-    F: Future<Output = R>,
-{
-    let body = move |args| async { body(args).await.into_result() };
-    execute::<_, _, _, _, _, _, StoreErrors>(tool, key, fingerprint, args, Some(check), body).await
+    execute::<_, _, _, _, _, _, H>(tool, key, fingerprint, args, Some(check), body).await
 }
 
 /// Runs a tool decided by its state check alone (no key): `found` is the check's answer, made
@@ -304,6 +344,7 @@ where
         .map_err(|error| Error::Tool {
             error,
             replayed: false,
+            class: ErrorClass::Release,
         })
 }
 
@@ -320,7 +361,7 @@ where
     C: AsyncFnOnce(&A) -> Result<Option<T>, E>,
     B: FnOnce(A) -> F,
     F: Future<Output = Result<T, E>>,
-    H: ErrorHandling<E>,
+    E: ErrorHandling<H>,
 {
     let name = tool.name;
     // Every check that can fail does so before the store is touched and before the body runs.
@@ -343,6 +384,7 @@ where
         return match body(args).await {
             Ok(v) => Ok(Outcome::Unprotected(v)),
             Err(error) => Err(Error::Tool {
+                class: ErrorHandling::<H>::class(&error),
                 error,
                 replayed: false,
             }),
@@ -358,6 +400,10 @@ where
     let key = derive_key(tenant, name, &key.parts);
     let ttl = tool.effective_ttl(idem);
     let now = idem.clock().now();
+    let orphans = match check {
+        Some(_) => Orphans::Reconcile,
+        None => tool.orphans(),
+    };
     let claim = store
         .claim(ClaimRequest {
             tenant,
@@ -367,8 +413,28 @@ where
             now,
             lease: tool.effective_lease(idem),
             ttl,
+            orphans,
         })
         .await?;
+    // Settles the claimed record as `status` with `bytes`, fenced by `token`.
+    let settle = |token, status, bytes: Vec<u8>| async move {
+        store
+            .complete(Completion {
+                tenant,
+                key,
+                token,
+                status,
+                result: &bytes,
+                now: idem.clock().now(),
+                ttl,
+            })
+            .await
+    };
+    let not_stored = |source| Error::ResultNotStored {
+        tool: name,
+        key: key.short_hash(),
+        source,
+    };
     let token = match claim {
         Claim::Mismatch => return Ok(Outcome::Mismatch(Mismatch::new(name, key.short_hash()))),
         Claim::InFlight { lease_expires_at } => {
@@ -382,12 +448,14 @@ where
                 retry_after,
             )));
         }
+        Claim::Unknown => return Ok(Outcome::Unknown(Unknown::new(name, key.short_hash()))),
         Claim::Completed { result } => {
-            return match H::decode::<T>(&result) {
+            return match <E as ErrorHandling<H>>::decode::<T>(&result) {
                 Ok(Ok(v)) => Ok(Outcome::Replayed(v)),
                 Ok(Err(error)) => Err(Error::Tool {
                     error,
                     replayed: true,
+                    class: ErrorClass::Store,
                 }),
                 Err(source) => Err(Error::StoredResultUnreadable {
                     tool: name,
@@ -397,27 +465,14 @@ where
             };
         }
         Claim::Acquired { token, takeover } => {
-            // An orphan: its owner died after the claim, maybe after the effect. The state
-            // check, if the tool has one, says which before anything runs again.
+            // An orphan or an unknown record: an earlier owner may have had the effect. The
+            // state check, if the tool has one, says which before anything runs again.
             if let Some(check) = check.filter(|_| takeover) {
                 match crate::current::run_as(name, key, check(&args)).await {
                     Ok(Some(value)) => {
-                        let bytes = serde_json::to_vec(&StoredRef::<T, ()>::Ok(&value)).map_err(
-                            |source| Error::ResultNotStored {
-                                tool: name,
-                                key: key.short_hash(),
-                                source,
-                            },
-                        )?;
-                        let completion = Completion {
-                            tenant,
-                            key,
-                            token,
-                            result: &bytes,
-                            now: idem.clock().now(),
-                            ttl,
-                        };
-                        return match store.complete(completion).await {
+                        let bytes = serde_json::to_vec(&StoredRef::<T, ()>::Ok(&value))
+                            .map_err(not_stored)?;
+                        return match settle(token, RecordStatus::Completed, bytes).await {
                             Ok(Fenced::Applied) => Ok(Outcome::Replayed(value)),
                             Ok(Fenced::Lost) => Err(Error::LeaseLost {
                                 tool: name,
@@ -427,8 +482,8 @@ where
                         };
                     }
                     Ok(None) => {}
-                    // Unknown whether the effect happened: keep the claim (the lease protects
-                    // it) and run nothing.
+                    // Still unknown whether the effect happened: keep the claim (the lease
+                    // protects it, and the next claim checks again) and run nothing.
                     Err(error) => return Err(Error::CheckFailed { tool: name, error }),
                 }
             }
@@ -437,45 +492,42 @@ where
     };
 
     let result = crate::current::run_as(name, key, body(args)).await;
-    let encoded = match &result {
-        Ok(v) => Some(serde_json::to_vec(&StoredRef::<T, ()>::Ok(v))),
-        Err(e) => H::encode(e),
+    let (class, settled) = match &result {
+        Ok(v) => (
+            None,
+            Some((
+                RecordStatus::Completed,
+                serde_json::to_vec(&StoredRef::<T, ()>::Ok(v)),
+            )),
+        ),
+        Err(e) => {
+            let class = ErrorHandling::<H>::class(e);
+            let settled = match class {
+                ErrorClass::Release => None,
+                ErrorClass::Store => Some((RecordStatus::Completed, ErrorHandling::<H>::encode(e))),
+                ErrorClass::Unknown => Some((RecordStatus::Unknown, Ok(Vec::new()))),
+            };
+            (Some(class), settled)
+        }
     };
-    let complete = |bytes: Vec<u8>| async move {
-        store
-            .complete(Completion {
-                tenant,
-                key,
-                token,
-                result: &bytes,
-                now: idem.clock().now(),
-                ttl,
-            })
-            .await
-    };
-    match encoded {
-        // The body failed and the policy is to release: a corrected retry may run. If the
-        // release itself fails the lease still protects the key, so the tool's error, the more
-        // useful of the two, is what the caller gets.
+    match settled {
+        // No effect happened: release, so a corrected retry may run. If the release itself
+        // fails the lease still protects the key, so the tool's error, the more useful of the
+        // two, is what the caller gets.
         None => {
             let _ = store.release(tenant, key, token).await;
         }
-        Some(Err(source)) => {
-            return Err(Error::ResultNotStored {
-                tool: name,
-                key: key.short_hash(),
-                source,
-            });
-        }
-        Some(Ok(bytes)) => {
-            let completed = complete(bytes)
-                .await
-                .map_err(|source| Error::CompletionFailed {
-                    tool: name,
-                    key: key.short_hash(),
-                    source,
-                })?;
-            if completed == Fenced::Lost {
+        Some((_, Err(source))) => return Err(not_stored(source)),
+        Some((status, Ok(bytes))) => {
+            let settled =
+                settle(token, status, bytes)
+                    .await
+                    .map_err(|source| Error::CompletionFailed {
+                        tool: name,
+                        key: key.short_hash(),
+                        source,
+                    })?;
+            if settled == Fenced::Lost {
                 return Err(Error::LeaseLost {
                     tool: name,
                     key: key.short_hash(),
@@ -483,11 +535,12 @@ where
             }
         }
     }
-    match result {
-        Ok(v) => Ok(Outcome::Fresh(v)),
-        Err(error) => Err(Error::Tool {
+    match (result, class) {
+        (Ok(v), _) => Ok(Outcome::Fresh(v)),
+        (Err(error), class) => Err(Error::Tool {
             error,
             replayed: false,
+            class: class.unwrap_or(ErrorClass::Release),
         }),
     }
 }

@@ -6,6 +6,58 @@ use std::fmt;
 use crate::canonical::CanonicalError;
 use crate::key::{InvalidKey, KeyHash};
 
+/// What a tool's error means for its key: did the effect happen?
+///
+/// A tool picks one class for all its errors with `on_error = "release" | "store" | "unknown"`,
+/// or lets its error type decide error by error with `on_error = "classify"` and
+/// [`ClassifyError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    /// No effect happened (validation failed, the provider refused before acting): the claim is
+    /// released and a corrected retry runs the body.
+    Release,
+    /// The call ran to a definite end that must be replayed as is (a declined card): the error
+    /// is stored, and retries get it back without running the body.
+    Store,
+    /// The effect may have happened (the provider timed out after the request left): the key is
+    /// blocked as `unknown`. It never runs the body again blindly: the tool's state check
+    /// (`check = …`) decides at the next call, or an operator resolves it.
+    Unknown,
+}
+
+/// An error type that classifies each of its values, for tools with `on_error = "classify"`.
+///
+/// The default says [`ErrorClass::Release`], as `on_error = "release"` does; override
+/// [`ClassifyError::class`] to tell the cases apart:
+///
+/// ```
+/// use idem_runtime::{ClassifyError, ErrorClass};
+///
+/// #[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// enum ChargeError {
+///     Invalid(String),
+///     Declined,
+///     ProviderTimedOut,
+/// }
+///
+/// impl ClassifyError for ChargeError {
+///     fn class(&self) -> ErrorClass {
+///         match self {
+///             ChargeError::Invalid(_) => ErrorClass::Release,
+///             ChargeError::Declined => ErrorClass::Store,
+///             ChargeError::ProviderTimedOut => ErrorClass::Unknown,
+///         }
+///     }
+/// }
+/// ```
+pub trait ClassifyError {
+    /// The class of this error.
+    fn class(&self) -> ErrorClass {
+        ErrorClass::Release
+    }
+}
+
 /// The error of a call of an `#[idempotent]` tool: `E` is the tool's own error type.
 ///
 /// Every variant but [`Error::Tool`] means the tool body did **not** run during this call,
@@ -15,12 +67,17 @@ use crate::key::{InvalidKey, KeyHash};
 #[non_exhaustive]
 pub enum Error<E> {
     /// The tool returned an error. `replayed` is true when this is the stored error of an earlier
-    /// call (`on_error = "store"`), false when the body just ran.
+    /// call, false when the body just ran; `class` says what became of the key.
     Tool {
         /// The tool's error.
         error: E,
         /// Whether it was replayed from the store.
         replayed: bool,
+        /// How the tool's `on_error` policy classified the error: `Release` (the key is free
+        /// again; a corrected retry runs), `Store` (stored; a retry replays it) or `Unknown`
+        /// (the effect may have happened; the key is blocked, and later calls get
+        /// [`Outcome::Unknown`](crate::Outcome::Unknown) until a state check or an operator decides).
+        class: ErrorClass,
     },
     /// The store failed or could not be reached; the call fails closed.
     Store(StoreError),
@@ -143,9 +200,14 @@ impl<E> Error<E> {
     /// Changes the tool's error type; every other variant is kept.
     pub fn map_tool<F>(self, f: impl FnOnce(E) -> F) -> Error<F> {
         match self {
-            Error::Tool { error, replayed } => Error::Tool {
+            Error::Tool {
+                error,
+                replayed,
+                class,
+            } => Error::Tool {
                 error: f(error),
                 replayed,
+                class,
             },
             Error::Store(e) => Error::Store(e),
             Error::InvalidKey { tool, part, reason } => Error::InvalidKey { tool, part, reason },
@@ -176,12 +238,18 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
         match self {
             Error::Tool {
                 error,
-                replayed: false,
-            } => fmt::Display::fmt(error, f),
+                replayed: true,
+                ..
+            } => write!(f, "{error} (replayed from the first call)"),
             Error::Tool {
                 error,
-                replayed: true,
-            } => write!(f, "{error} (replayed from the first call)"),
+                class: ErrorClass::Unknown,
+                ..
+            } => write!(
+                f,
+                "{error} (the effect may have happened: the key is blocked until reconciled)"
+            ),
+            Error::Tool { error, .. } => fmt::Display::fmt(error, f),
             Error::Store(e) => fmt::Display::fmt(e, f),
             Error::InvalidKey { tool, part, reason } => {
                 write!(f, "tool `{tool}`: key part `{part}` is invalid: {reason}")
@@ -397,12 +465,23 @@ mod tests {
         let fresh: Error<Declined> = Error::Tool {
             error: Declined,
             replayed: false,
+            class: ErrorClass::Release,
         };
         assert_eq!(fresh.to_string(), "card declined");
         assert!(fresh.body_ran());
+        let unknown: Error<Declined> = Error::Tool {
+            error: Declined,
+            replayed: false,
+            class: ErrorClass::Unknown,
+        };
+        assert_eq!(
+            unknown.to_string(),
+            "card declined (the effect may have happened: the key is blocked until reconciled)"
+        );
         let replay: Error<Declined> = Error::Tool {
             error: Declined,
             replayed: true,
+            class: ErrorClass::Store,
         };
         assert_eq!(
             replay.to_string(),

@@ -32,13 +32,13 @@ pub mod store;
 pub mod __private;
 
 pub use current::{Current, current};
-pub use error::{Error, OpenError, StoreError, StoreErrorKind};
+pub use error::{ClassifyError, Error, ErrorClass, OpenError, StoreError, StoreErrorKind};
 pub use fingerprint::{Fingerprint, fingerprint};
 pub use key::{
     DownstreamKey, IdempotencyKey, InvalidKey, KeyHash, derive_downstream_key, derive_key,
     validate_key_string,
 };
-pub use outcome::{InFlight, Mismatch, Outcome};
+pub use outcome::{InFlight, Mismatch, Outcome, Unknown};
 pub use registry::audit;
 pub use runtime::{DEFAULT_LEASE, DEFAULT_TTL, Idem, IdemBuilder, Scope};
 

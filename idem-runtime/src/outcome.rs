@@ -14,7 +14,7 @@ use crate::key::KeyHash;
 /// belongs to the agent loop, not to `?`.
 ///
 /// It serializes into a small JSON object for the model, with a `status` it can act on
-/// (`ok`, `in_flight`, `mismatch`) and a `replayed` flag; the raw key is never part of it:
+/// (`ok`, `in_flight`, `mismatch`, `unknown`) and a `replayed` flag; the raw key is never part of it:
 ///
 /// ```
 /// # use idem_runtime::Outcome;
@@ -43,6 +43,11 @@ pub enum Outcome<T> {
     /// Another call with the same key and arguments is running now: the body did not run. Back
     /// off and retry with the same key.
     InFlight(InFlight),
+    /// An earlier call with the same key and arguments may have had its effect, and nobody
+    /// knows: it failed with an error classified unknown, or crashed and the tool blocks its
+    /// orphans. The body did not run. Do not retry: the key stays blocked until the tool's state
+    /// check or an operator resolves it (or its TTL ends).
+    Unknown(Unknown),
 }
 
 /// Details of [`Outcome::Mismatch`].
@@ -65,6 +70,22 @@ pub struct InFlight {
     pub key: KeyHash,
     /// Time left on the running call's lease: after it, a retry may take the call over.
     pub retry_after: Duration,
+}
+
+/// Details of [`Outcome::Unknown`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Unknown {
+    /// The stable name of the tool.
+    pub tool: &'static str,
+    /// Short hash of the key (never the key itself): what an operator looks the record up by.
+    pub key: KeyHash,
+}
+
+impl Unknown {
+    pub(crate) fn new(tool: &'static str, key: KeyHash) -> Self {
+        Unknown { tool, key }
+    }
 }
 
 impl Mismatch {
@@ -104,6 +125,11 @@ impl<T> Outcome<T> {
         matches!(self, Outcome::InFlight(_))
     }
 
+    /// Whether an earlier call's effect is unknown and the key is blocked.
+    pub fn is_unknown(&self) -> bool {
+        matches!(self, Outcome::Unknown(_))
+    }
+
     /// Whether the call was guarded by a key (everything but `Unprotected`).
     pub fn is_protected(&self) -> bool {
         !matches!(self, Outcome::Unprotected(_))
@@ -113,7 +139,7 @@ impl<T> Outcome<T> {
     pub fn value(&self) -> Option<&T> {
         match self {
             Outcome::Fresh(v) | Outcome::Replayed(v) | Outcome::Unprotected(v) => Some(v),
-            Outcome::Mismatch(_) | Outcome::InFlight(_) => None,
+            Outcome::Mismatch(_) | Outcome::InFlight(_) | Outcome::Unknown(_) => None,
         }
     }
 
@@ -121,16 +147,17 @@ impl<T> Outcome<T> {
     pub fn into_value(self) -> Option<T> {
         match self {
             Outcome::Fresh(v) | Outcome::Replayed(v) | Outcome::Unprotected(v) => Some(v),
-            Outcome::Mismatch(_) | Outcome::InFlight(_) => None,
+            Outcome::Mismatch(_) | Outcome::InFlight(_) | Outcome::Unknown(_) => None,
         }
     }
 
-    /// The status the model sees: `ok`, `in_flight` or `mismatch`.
+    /// The status the model sees: `ok`, `in_flight`, `mismatch` or `unknown`.
     pub fn status(&self) -> &'static str {
         match self {
             Outcome::Fresh(_) | Outcome::Replayed(_) | Outcome::Unprotected(_) => "ok",
             Outcome::Mismatch(_) => "mismatch",
             Outcome::InFlight(_) => "in_flight",
+            Outcome::Unknown(_) => "unknown",
         }
     }
 
@@ -142,6 +169,7 @@ impl<T> Outcome<T> {
             Outcome::Unprotected(v) => Outcome::Unprotected(f(v)),
             Outcome::Mismatch(m) => Outcome::Mismatch(m),
             Outcome::InFlight(i) => Outcome::InFlight(i),
+            Outcome::Unknown(u) => Outcome::Unknown(u),
         }
     }
 }
@@ -150,6 +178,8 @@ const MISMATCH_MESSAGE: &str = "this request was already made with different arg
      do not retry it as is: a deliberate change is a new request";
 const IN_FLIGHT_MESSAGE: &str = "the same request is still being processed; \
      wait and retry it with the same arguments";
+const UNKNOWN_MESSAGE: &str = "an earlier attempt of this request may have taken effect and \
+     could not be confirmed; do not retry it: it must be checked before anything else runs";
 const UNPROTECTED_MESSAGE: &str = "no idempotency key was given: a retry of this call \
      would perform it again";
 
@@ -190,6 +220,13 @@ impl<T: Serialize> Serialize for Outcome<T> {
                 o.serialize_field("message", IN_FLIGHT_MESSAGE)?;
                 o.end()
             }
+            Outcome::Unknown(_) => {
+                let mut o = s.serialize_struct("Outcome", 3)?;
+                o.serialize_field("status", "unknown")?;
+                o.serialize_field("replayed", &false)?;
+                o.serialize_field("message", UNKNOWN_MESSAGE)?;
+                o.end()
+            }
         }
     }
 }
@@ -225,6 +262,10 @@ mod tests {
                        "message": IN_FLIGHT_MESSAGE}),
             ),
             (
+                Outcome::Unknown(Unknown::new("tool", key())),
+                json!({"status": "unknown", "replayed": false, "message": UNKNOWN_MESSAGE}),
+            ),
+            (
                 Outcome::Unprotected(1),
                 json!({"status": "ok", "replayed": false, "protected": false,
                        "message": UNPROTECTED_MESSAGE, "value": 1}),
@@ -251,5 +292,7 @@ mod tests {
         assert!(open.is_fresh() && !open.is_protected());
         let m: Outcome<u8> = Outcome::Mismatch(Mismatch::new("tool", key()));
         assert!(m.is_mismatch() && m.value().is_none());
+        let u: Outcome<u8> = Outcome::Unknown(Unknown::new("tool", key()));
+        assert!(u.is_unknown() && u.is_protected() && !u.is_fresh() && u.into_value().is_none());
     }
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::runtime::{DEFAULT_LEASE, DEFAULT_TTL, Idem};
+use crate::store::Orphans;
 
 /// Which of the three forms of idempotency a tool uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -42,6 +43,47 @@ pub enum ErrorPolicy {
     Release,
     /// Store the error and replay it, as Stripe does for requests that started executing.
     Store,
+    /// Block the key as `unknown`: the effect may have happened.
+    Unknown,
+    /// The error type says, error by error ([`ClassifyError`](crate::ClassifyError)).
+    Classify,
+}
+
+impl ErrorPolicy {
+    /// The attribute value: `release`, `store`, `unknown` or `classify`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorPolicy::Release => "release",
+            ErrorPolicy::Store => "store",
+            ErrorPolicy::Unknown => "unknown",
+            ErrorPolicy::Classify => "classify",
+        }
+    }
+}
+
+/// What a later call does with an orphan of a tool **without** a state check: an `in_flight`
+/// record whose lease lapsed, because its owner crashed or was cancelled, maybe after the effect.
+/// (A tool with `check = …` always asks its check.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OrphanPolicy {
+    /// Take it over and run the body again (DESIGN §2's default): right for tools whose effect
+    /// is deduplicated downstream (a derived `Idempotency-Key`) or harmless to repeat.
+    TakeOver,
+    /// Mark it `unknown` and block the key until an operator resolves it: the body never runs
+    /// twice, at the price of a human decision after a crash.
+    Unknown,
+}
+
+impl OrphanPolicy {
+    /// The attribute value: `takeover` or `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrphanPolicy::TakeOver => "takeover",
+            OrphanPolicy::Unknown => "unknown",
+        }
+    }
 }
 
 /// The registration of one `#[idempotent]` tool. Built by the macro in a `const` context.
@@ -76,6 +118,8 @@ pub struct ToolInfo {
     pub skip: &'static [&'static [&'static str]],
     /// What an error of the body does to the claim.
     pub on_error: ErrorPolicy,
+    /// What a later call does with an orphan, when there is no state check.
+    pub on_orphan: OrphanPolicy,
     /// The state check (`check = path`) that reconciles orphans, or decides a keyless tool.
     pub check: Option<&'static str>,
 }
@@ -110,6 +154,7 @@ impl ToolInfo {
             lease: None,
             skip: &[],
             on_error: ErrorPolicy::Release,
+            on_orphan: OrphanPolicy::TakeOver,
             check: None,
         }
     }
@@ -167,6 +212,22 @@ impl ToolInfo {
     pub const fn on_error(mut self, policy: ErrorPolicy) -> Self {
         self.on_error = policy;
         self
+    }
+
+    /// The orphan policy.
+    pub const fn on_orphan(mut self, policy: OrphanPolicy) -> Self {
+        self.on_orphan = policy;
+        self
+    }
+
+    /// What a claim of this tool does with orphans and `unknown` records: its state check
+    /// decides when it has one, else its `on_orphan` policy.
+    pub fn orphans(&self) -> Orphans {
+        match (self.check, self.on_orphan) {
+            (Some(_), _) => Orphans::Reconcile,
+            (None, OrphanPolicy::TakeOver) => Orphans::TakeOver,
+            (None, OrphanPolicy::Unknown) => Orphans::Block,
+        }
     }
 
     /// The TTL in force under `idem`.
@@ -436,9 +497,9 @@ impl Report {
             format_duration(self.default_lease)
         ));
         out.push_str(
-            "| tool | form | key | TTL | lease | on error | fingerprint skips | defined at |\n",
+            "| tool | form | key | TTL | lease | on error | on orphan | fingerprint skips | defined at |\n",
         );
-        out.push_str("|---|---|---|---|---|---|---|---|\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|\n");
         for t in &self.tools {
             let form = match (t.form, t.check) {
                 (Form::Keyed, None) => "keyed (mutating)".to_owned(),
@@ -467,16 +528,17 @@ impl Report {
                 Some(d) => format_duration(d),
                 None => format!("{} (default)", format_duration(default)),
             };
-            let (ttl, lease, on_error) = match t.form {
+            let (ttl, lease, on_error, on_orphan) = match t.form {
                 Form::Keyed => (
                     dur(t.ttl, self.default_ttl),
                     dur(t.lease, self.default_lease),
-                    match t.on_error {
-                        ErrorPolicy::Release => "release",
-                        ErrorPolicy::Store => "store",
+                    t.on_error.as_str(),
+                    match t.check {
+                        Some(_) => "check",
+                        None => t.on_orphan.as_str(),
                     },
                 ),
-                Form::Natural | Form::StateCheck => ("—".into(), "—".into(), "—"),
+                Form::Natural | Form::StateCheck => ("—".into(), "—".into(), "—", "—"),
             };
             let skip = if t.skip.is_empty() {
                 "—".to_owned()
@@ -493,7 +555,7 @@ impl Report {
                 format!("`{}` (fn name)", t.name)
             };
             out.push_str(&format!(
-                "| {name} | {form} | {key} | {ttl} | {lease} | {on_error} | {skip} | `{}::{}` ({}:{}) |\n",
+                "| {name} | {form} | {key} | {ttl} | {lease} | {on_error} | {on_orphan} | {skip} | `{}::{}` ({}:{}) |\n",
                 t.module, t.function, t.file, t.line
             ));
         }

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Claim, ClaimRequest, Completion, Fenced, FencingToken, RecordStatus, Store};
+use super::{Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, RecordStatus, Store};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyPart, derive_key};
 
@@ -30,6 +30,8 @@ macro_rules! store_conformance_tests {
             acquire_complete_replay,
             mismatch_is_checked_first,
             lapsed_lease_is_taken_over_and_fenced,
+            blocked_orphans_become_unknown,
+            unknown_records_block_until_reconciled,
             release_is_fenced_and_frees_the_key,
             expired_records_are_new_intents,
             tenants_are_isolated,
@@ -106,6 +108,7 @@ fn claim<'a>(
         now,
         lease: LEASE,
         ttl: TTL,
+        orphans: Orphans::TakeOver,
     }
 }
 
@@ -120,10 +123,24 @@ fn completion<'a>(
         tenant,
         key,
         token,
+        status: RecordStatus::Completed,
         result,
         now,
         ttl: TTL,
     }
+}
+
+fn with_orphans(req: ClaimRequest<'_>, orphans: Orphans) -> ClaimRequest<'_> {
+    ClaimRequest { orphans, ..req }
+}
+
+async fn status_of(store: &dyn Store, tenant: &str, key: IdempotencyKey) -> RecordStatus {
+    store
+        .lookup(tenant, key)
+        .await
+        .expect("lookup")
+        .expect("a record")
+        .status
 }
 
 async fn acquire(store: &dyn Store, req: ClaimRequest<'_>) -> FencingToken {
@@ -298,6 +315,168 @@ pub async fn lapsed_lease_is_taken_over_and_fenced(store: Arc<dyn Store>) {
         Claim::Completed {
             result: b"owner".to_vec()
         }
+    );
+}
+
+/// Under [`Orphans::Block`] a lapsed lease is never taken over: the record turns `unknown`, the
+/// zombie's completion is refused, and every later claim is told so, whatever its own policy,
+/// until one with [`Orphans::Reconcile`] takes it over for the state check.
+pub async fn blocked_orphans_become_unknown(store: Arc<dyn Store>) {
+    let t = tenant();
+    let k = key(&t, 1);
+    let zombie = acquire(&*store, claim(&t, k, fp(1), T0)).await;
+    let lapse = T0 + ms(LEASE);
+    let block = |now| with_orphans(claim(&t, k, fp(1), now), Orphans::Block);
+    assert_eq!(
+        store.claim(block(lapse - 1)).await.expect("claim"),
+        Claim::InFlight {
+            lease_expires_at: lapse
+        },
+        "a live lease is in flight under every policy"
+    );
+    assert_eq!(
+        store.claim(block(lapse)).await.expect("claim"),
+        Claim::Unknown,
+        "a lapsed lease under `Block` is not taken over"
+    );
+    assert_eq!(status_of(&*store, &t, k).await, RecordStatus::Unknown);
+    assert_eq!(
+        store
+            .complete(completion(&t, k, zombie, b"late", lapse + 1))
+            .await
+            .expect("complete"),
+        Fenced::Lost,
+        "an unknown record is not completed by its old owner"
+    );
+    assert_eq!(
+        store.release(&t, k, zombie).await.expect("release"),
+        Fenced::Lost,
+        "nor released"
+    );
+    for orphans in [Orphans::Block, Orphans::TakeOver] {
+        assert_eq!(
+            store
+                .claim(with_orphans(claim(&t, k, fp(1), lapse + 2), orphans))
+                .await
+                .expect("claim"),
+            Claim::Unknown,
+            "{orphans:?} keeps an unknown record blocked"
+        );
+    }
+    assert_eq!(
+        store
+            .claim(with_orphans(claim(&t, k, fp(2), lapse + 2), Orphans::Block))
+            .await
+            .expect("claim"),
+        Claim::Mismatch,
+        "other arguments are a mismatch first"
+    );
+    let Claim::Acquired {
+        token,
+        takeover: true,
+    } = store
+        .claim(with_orphans(
+            claim(&t, k, fp(1), lapse + 3),
+            Orphans::Reconcile,
+        ))
+        .await
+        .expect("claim")
+    else {
+        panic!("a reconciling claim takes an unknown record over");
+    };
+    assert_ne!(token, zombie);
+    assert_eq!(status_of(&*store, &t, k).await, RecordStatus::InFlight);
+    assert_eq!(
+        store
+            .complete(completion(&t, k, token, b"checked", lapse + 4))
+            .await
+            .expect("complete"),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store.claim(block(lapse + 5)).await.expect("claim"),
+        Claim::Completed {
+            result: b"checked".to_vec()
+        }
+    );
+}
+
+/// A completion can settle a record as `unknown`: it blocks every claim that does not
+/// reconcile, it is fenced like any completion, and it expires with its TTL.
+pub async fn unknown_records_block_until_reconciled(store: Arc<dyn Store>) {
+    let t = tenant();
+    let k = key(&t, 1);
+    let token = acquire(&*store, claim(&t, k, fp(1), T0)).await;
+    let unknown = |token, now| Completion {
+        status: RecordStatus::Unknown,
+        ..completion(&t, k, token, b"", now)
+    };
+    assert_eq!(
+        store
+            .complete(unknown(FencingToken::from_raw(7), T0 + 1))
+            .await
+            .expect("complete"),
+        Fenced::Lost,
+        "fenced"
+    );
+    assert_eq!(
+        store
+            .complete(unknown(token, T0 + 1))
+            .await
+            .expect("complete"),
+        Fenced::Applied
+    );
+    let record = store.lookup(&t, k).await.expect("lookup").expect("record");
+    assert_eq!(record.status, RecordStatus::Unknown);
+    assert_eq!(record.expires_at, T0 + 1 + ms(TTL));
+    // Long after the lease, well before the TTL: still blocked, with or without `Block`.
+    let later = T0 + 10 * ms(LEASE);
+    for orphans in [Orphans::TakeOver, Orphans::Block] {
+        assert_eq!(
+            store
+                .claim(with_orphans(claim(&t, k, fp(1), later), orphans))
+                .await
+                .expect("claim"),
+            Claim::Unknown,
+            "{orphans:?}"
+        );
+    }
+    assert_eq!(
+        store
+            .complete(completion(&t, k, token, b"again", later))
+            .await
+            .expect("complete"),
+        Fenced::Lost,
+        "a settled record is not completed twice"
+    );
+    let expired = store
+        .claim(claim(&t, k, fp(1), T0 + 1 + ms(TTL)))
+        .await
+        .expect("claim");
+    assert!(
+        matches!(
+            expired,
+            Claim::Acquired {
+                takeover: false,
+                ..
+            }
+        ),
+        "past its TTL the key is a new intent, got {expired:?}"
+    );
+    let other = tenant();
+    let elsewhere = store
+        .claim(claim(&other, key(&t, 1), fp(1), later))
+        .await
+        .expect("claim");
+    assert!(
+        matches!(
+            elsewhere,
+            Claim::Acquired {
+                takeover: false,
+                ..
+            }
+        ),
+        "another tenant's records do not block this one, got {elsewhere:?}"
     );
 }
 

@@ -264,6 +264,7 @@ mod tests {
             now: 1,
             lease: Duration::from_secs(1),
             ttl: Duration::from_secs(10),
+            orphans: crate::store::Orphans::TakeOver,
         };
         let err = store.claim(req).await.unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Unavailable);

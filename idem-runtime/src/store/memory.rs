@@ -52,8 +52,13 @@ impl MemoryStore {
                 lease_expires_at: r.lease_expires_at,
                 expires_at: r.expires_at,
             });
-            match decide(held, req.fingerprint, req.now) {
+            match decide(held, req.fingerprint, req.now, req.orphans) {
                 Decision::Mismatch => Claim::Mismatch,
+                Decision::Blocked => Claim::Unknown,
+                Decision::MarkUnknown => {
+                    records.get_mut(&req.key).expect("held record").status = RecordStatus::Unknown;
+                    Claim::Unknown
+                }
                 Decision::InFlight { lease_expires_at } => Claim::InFlight { lease_expires_at },
                 Decision::Replay => Claim::Completed {
                     result: records[&req.key].result.clone().unwrap_or_default(),
@@ -83,8 +88,10 @@ impl MemoryStore {
                 Decision::Takeover => {
                     let token = FencingToken::generate();
                     let record = records.get_mut(&req.key).expect("held record");
+                    record.status = RecordStatus::InFlight;
                     record.token = token;
                     record.lease_expires_at = after(req.now, req.lease);
+                    record.result = None;
                     Claim::Acquired {
                         token,
                         takeover: true,
@@ -111,7 +118,7 @@ impl Store for MemoryStore {
                     Some(record)
                         if record.token == c.token && record.status == RecordStatus::InFlight =>
                     {
-                        record.status = RecordStatus::Completed;
+                        record.status = c.status;
                         record.result = Some(c.result.to_vec());
                         record.expires_at = after(c.now, c.ttl);
                         Fenced::Applied

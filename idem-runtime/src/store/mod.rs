@@ -11,10 +11,13 @@
 //! | a record | fingerprint differs | [`Claim::Mismatch`] (checked first) |
 //! | `completed` | same fingerprint | [`Claim::Completed`] with the stored result |
 //! | `in_flight`, lease live | same fingerprint | [`Claim::InFlight`] |
-//! | `in_flight`, lease lapsed | same fingerprint | [`Claim::Acquired`] with `takeover`, new token |
+//! | `in_flight`, lease lapsed | same fingerprint | by [`Orphans`]: [`Claim::Acquired`] with `takeover` and a new token, or marked `unknown` and [`Claim::Unknown`] |
+//! | `unknown` | same fingerprint | by [`Orphans`]: taken over for the tool's state check, or [`Claim::Unknown`] |
 //!
 //! Completion and release are fenced: they apply only while the record still carries the
-//! caller's [`FencingToken`].
+//! caller's [`FencingToken`] and is `in_flight`. A completion settles the record as
+//! `completed` (its result replays) or `unknown` (the effect may have happened; the key stays
+//! blocked until a state check or an operator decides).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -87,6 +90,23 @@ pub struct ClaimRequest<'a> {
     pub lease: Duration,
     /// How long the record lives (from creation while in flight, from completion after).
     pub ttl: Duration,
+    /// What to do with a record whose owner may have died before it finished.
+    pub orphans: Orphans,
+}
+
+/// What a claim does with a record whose outcome is not known: an `in_flight` record whose
+/// lease lapsed (its owner probably crashed, maybe after the effect) or an `unknown` one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Orphans {
+    /// Take a lapsed `in_flight` record over with a new token (the body runs again: DESIGN §2's
+    /// default for tools without a state check). An `unknown` record stays blocked.
+    TakeOver,
+    /// The tool has a state check that decides: lapsed `in_flight` **and** `unknown` records
+    /// are taken over, and the caller runs the check before anything else.
+    Reconcile,
+    /// Never run the body again blindly: a lapsed `in_flight` record is marked `unknown`, and
+    /// `unknown` records stay blocked until an operator resolves them.
+    Block,
 }
 
 /// The answer to a claim.
@@ -111,9 +131,12 @@ pub enum Claim {
         /// When that call's lease lapses.
         lease_expires_at: UnixMillis,
     },
+    /// The key is `unknown` (same fingerprint): an earlier call may have had its effect, and
+    /// the claim's [`Orphans`] policy does not allow running the body again.
+    Unknown,
 }
 
-/// A fenced completion: store `result` under the key if `token` still owns it.
+/// A fenced completion: settle the key as `status` with `result` if `token` still owns it.
 #[derive(Debug, Clone, Copy)]
 pub struct Completion<'a> {
     /// The tenant.
@@ -122,7 +145,10 @@ pub struct Completion<'a> {
     pub key: IdempotencyKey,
     /// The token the claim returned.
     pub token: FencingToken,
-    /// The encoded result.
+    /// How the record settles: [`RecordStatus::Completed`] (the result replays) or
+    /// [`RecordStatus::Unknown`] (the effect may have happened; the key is blocked).
+    pub status: RecordStatus,
+    /// The encoded result (empty for `unknown`).
     pub result: &'a [u8],
     /// The caller's clock.
     pub now: UnixMillis,
@@ -146,14 +172,19 @@ pub enum RecordStatus {
     InFlight,
     /// The body finished and its result is stored.
     Completed,
+    /// The effect may have happened and nobody knows: the body failed with an error classified
+    /// unknown, or its owner died and the tool never runs orphans again blindly. Blocked until
+    /// the tool's state check or an operator decides.
+    Unknown,
 }
 
 impl RecordStatus {
-    /// The name stores write: `in_flight` or `completed`.
+    /// The name stores write: `in_flight`, `completed` or `unknown`.
     pub fn as_str(self) -> &'static str {
         match self {
             RecordStatus::InFlight => "in_flight",
             RecordStatus::Completed => "completed",
+            RecordStatus::Unknown => "unknown",
         }
     }
 
@@ -162,6 +193,7 @@ impl RecordStatus {
         match s {
             "in_flight" => Some(RecordStatus::InFlight),
             "completed" => Some(RecordStatus::Completed),
+            "unknown" => Some(RecordStatus::Unknown),
             _ => None,
         }
     }
@@ -214,8 +246,14 @@ pub struct StoreHealth {
 pub enum Decision {
     /// No live record: insert a new `in_flight` one.
     Insert,
-    /// An orphan (lapsed lease, same fingerprint): take it over with a new token.
+    /// An orphan (lapsed lease, or `unknown` under [`Orphans::Reconcile`]; same fingerprint):
+    /// take it over with a new token, `in_flight` again.
     Takeover,
+    /// A lapsed `in_flight` record under [`Orphans::Block`]: mark it `unknown`, answer
+    /// [`Claim::Unknown`].
+    MarkUnknown,
+    /// An `unknown` record the policy does not reconcile: answer [`Claim::Unknown`], write nothing.
+    Blocked,
     /// Same fingerprint, completed: replay.
     Replay,
     /// Different fingerprint.
@@ -244,19 +282,28 @@ pub struct Held {
 ///
 /// Backends call this inside their atomic section (a transaction, a lock, a script); SQL and
 /// Lua backends that cannot call Rust mirror it and are held to it by the conformance suite.
-pub fn decide(held: Option<Held>, fingerprint: Fingerprint, now: UnixMillis) -> Decision {
+pub fn decide(
+    held: Option<Held>,
+    fingerprint: Fingerprint,
+    now: UnixMillis,
+    orphans: Orphans,
+) -> Decision {
     let Some(held) = held.filter(|h| h.expires_at > now) else {
         return Decision::Insert;
     };
     if held.fingerprint != fingerprint {
         return Decision::Mismatch;
     }
-    match held.status {
-        RecordStatus::Completed => Decision::Replay,
-        RecordStatus::InFlight if held.lease_expires_at > now => Decision::InFlight {
+    match (held.status, orphans) {
+        (RecordStatus::Completed, _) => Decision::Replay,
+        (RecordStatus::InFlight, _) if held.lease_expires_at > now => Decision::InFlight {
             lease_expires_at: held.lease_expires_at,
         },
-        RecordStatus::InFlight => Decision::Takeover,
+        (RecordStatus::InFlight, Orphans::Block) => Decision::MarkUnknown,
+        (RecordStatus::InFlight, _) | (RecordStatus::Unknown, Orphans::Reconcile) => {
+            Decision::Takeover
+        }
+        (RecordStatus::Unknown, _) => Decision::Blocked,
     }
 }
 
@@ -370,6 +417,7 @@ mod tests {
     #[test]
     fn the_decision_table() {
         use RecordStatus::*;
+        let decide = |held, fp, now| super::decide(held, fp, now, Orphans::TakeOver);
         assert_eq!(decide(None, fp(1), 100), Decision::Insert);
         assert_eq!(
             decide(held(Completed, 0, 100), fp(1), 100),
@@ -402,6 +450,47 @@ mod tests {
             decide(held(InFlight, 100, 200), fp(1), 100),
             Decision::Takeover
         );
+    }
+
+    #[test]
+    fn orphans_and_unknown_records_follow_the_policy() {
+        use Orphans::*;
+        use RecordStatus::*;
+        let lapsed = held(InFlight, 100, 200);
+        let unknown = held(Unknown, 0, 200);
+        for (orphans, on_lapsed, on_unknown) in [
+            (TakeOver, Decision::Takeover, Decision::Blocked),
+            (Reconcile, Decision::Takeover, Decision::Takeover),
+            (Block, Decision::MarkUnknown, Decision::Blocked),
+        ] {
+            assert_eq!(
+                decide(lapsed, fp(1), 100, orphans),
+                on_lapsed,
+                "{orphans:?}"
+            );
+            assert_eq!(
+                decide(unknown, fp(1), 100, orphans),
+                on_unknown,
+                "{orphans:?}"
+            );
+            // Whatever the policy: other arguments are a mismatch, a live lease is in flight,
+            // and an expired record is a new intent.
+            assert_eq!(
+                decide(unknown, fp(2), 100, orphans),
+                Decision::Mismatch,
+                "{orphans:?}"
+            );
+            assert_eq!(
+                decide(held(InFlight, 150, 200), fp(1), 100, orphans),
+                Decision::InFlight {
+                    lease_expires_at: 150
+                }
+            );
+            assert_eq!(
+                decide(held(Unknown, 0, 100), fp(1), 100, orphans),
+                Decision::Insert
+            );
+        }
     }
 
     #[test]

@@ -40,7 +40,7 @@ use tokio_postgres::{NoTls, Row};
 
 use super::replay_cache::{self, ReplayCache};
 use super::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, RecordStatus, Store,
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Store,
     StoreFuture, StoreHealth, UnixMillis, after,
 };
 use crate::error::{StoreError, StoreErrorKind};
@@ -49,8 +49,9 @@ use crate::key::IdempotencyKey;
 
 const BACKEND: &str = "postgres";
 
-/// The schema version this build writes.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The schema version this build writes (2 added the `unknown` status and the orphan policy of
+/// `idem_claim`; a version-1 schema is upgraded on open).
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// A constant for `pg_advisory_xact_lock`, so migrations of one database run one at a time.
 const MIGRATION_LOCK: i64 = 0x6964_656d_0001; // "idem" + 1
@@ -174,10 +175,10 @@ impl Sql {
         Sql {
             claim: format!(
                 "SELECT decision, token, lease_expires_at, expires_at, result \
-                 FROM \"{schema}\".idem_claim($1, $2, $3, $4, $5, $6, $7, $8)"
+                 FROM \"{schema}\".idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)"
             ),
             complete: format!(
-                "UPDATE {t} SET status = 'completed', result = $4, expires_at = $5 \
+                "UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
                  WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
                  RETURNING 1"
             ),
@@ -200,14 +201,15 @@ impl Sql {
     }
 }
 
-/// The schema, version 1. `{s}` is the quoted schema name.
-const SCHEMA_V1: &str = r#"
+/// The schema, version 2. `{s}` is the quoted schema name.
+const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS {s}.idem_records (
     tenant           text     NOT NULL,
     key              bytea    NOT NULL CHECK (length(key) = 32),
     tool             text     NOT NULL,
     fingerprint      bytea    NOT NULL CHECK (length(fingerprint) = 32),
-    status           text     NOT NULL CHECK (status IN ('in_flight', 'completed')),
+    status           text     NOT NULL CONSTRAINT idem_records_status_check
+                              CHECK (status IN ('in_flight', 'completed', 'unknown')),
     token            bigint   NOT NULL,
     lease_expires_at bigint   NOT NULL,
     created_at       bigint   NOT NULL,
@@ -217,11 +219,13 @@ CREATE TABLE IF NOT EXISTS {s}.idem_records (
 );
 CREATE INDEX IF NOT EXISTS idem_records_expires_at ON {s}.idem_records (expires_at);
 
--- The claim: DESIGN §2 in one call. Decisions: 0 acquired, 1 acquired by takeover,
--- 2 mismatch, 3 completed (replay), 4 in flight.
+-- The claim: DESIGN §2 in one call. Orphans (p_orphans): 0 take over, 1 reconcile (take over
+-- lapsed and unknown records for the caller's state check), 2 block (mark lapsed records
+-- unknown). Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay),
+-- 4 in flight, 5 unknown.
 CREATE OR REPLACE FUNCTION {s}.idem_claim(
     p_tenant text, p_key bytea, p_tool text, p_fingerprint bytea, p_token bigint,
-    p_now bigint, p_lease bigint, p_ttl bigint,
+    p_now bigint, p_lease bigint, p_ttl bigint, p_orphans smallint,
     OUT decision smallint, OUT token bigint, OUT lease_expires_at bigint,
     OUT expires_at bigint, OUT result bytea)
 LANGUAGE plpgsql AS $fn$
@@ -255,10 +259,31 @@ BEGIN
         ELSIF held.status = 'completed' THEN
             decision := 3; expires_at := held.expires_at; result := held.result; RETURN;
         ELSIF held.token = p_token THEN
-            -- This very claim, sent again after a lost answer: it is ours.
-            decision := 0; token := p_token; RETURN;
+            -- This very claim, sent again after a lost answer: it is ours. It created the
+            -- record (created now) or took an older one over.
+            decision := CASE WHEN held.created_at = p_now THEN 0 ELSE 1 END;
+            token := p_token; RETURN;
+        ELSIF held.status = 'unknown' THEN
+            IF p_orphans <> 1 THEN
+                decision := 5; RETURN;
+            END IF;
+            UPDATE {s}.idem_records r SET status = 'in_flight', token = p_token,
+                lease_expires_at = p_now + p_lease, result = NULL
+            WHERE r.tenant = p_tenant AND r.key = p_key AND r.status = 'unknown'
+              AND r.fingerprint = p_fingerprint AND r.expires_at > p_now;
+            IF FOUND THEN
+                decision := 1; token := p_token; RETURN;
+            END IF;
         ELSIF held.lease_expires_at > p_now THEN
             decision := 4; lease_expires_at := held.lease_expires_at; RETURN;
+        ELSIF p_orphans = 2 THEN
+            UPDATE {s}.idem_records r SET status = 'unknown'
+            WHERE r.tenant = p_tenant AND r.key = p_key AND r.status = 'in_flight'
+              AND r.token = held.token AND r.lease_expires_at <= p_now
+              AND r.expires_at > p_now;
+            IF FOUND THEN
+                decision := 5; RETURN;
+            END IF;
         ELSE
             UPDATE {s}.idem_records r SET token = p_token, lease_expires_at = p_now + p_lease
             WHERE r.tenant = p_tenant AND r.key = p_key AND r.status = 'in_flight'
@@ -274,6 +299,15 @@ BEGIN
         USING ERRCODE = '40001';
 END
 $fn$;
+"#;
+
+/// Version 1 to 2, before [`SCHEMA`] runs: the status constraint admits `unknown`, and the
+/// claim function of version 1 (one argument fewer) goes.
+const UPGRADE_1_TO_2: &str = r#"
+ALTER TABLE {s}.idem_records DROP CONSTRAINT IF EXISTS idem_records_status_check;
+ALTER TABLE {s}.idem_records ADD CONSTRAINT idem_records_status_check
+    CHECK (status IN ('in_flight', 'completed', 'unknown'));
+DROP FUNCTION IF EXISTS {s}.idem_claim(text, bytea, text, bytea, bigint, bigint, bigint, bigint);
 "#;
 
 /// The shared PostgreSQL [`Store`]. Cheap to clone; clones share the pool.
@@ -485,9 +519,14 @@ impl PostgresStore {
                     ),
                 ));
             }
-            _ => {
-                // Version 1 is the first: (re)create what is missing, idempotently.
-                tx.batch_execute(&SCHEMA_V1.replace("{s}", &quoted))
+            found => {
+                if found == Some(1) {
+                    tx.batch_execute(&UPGRADE_1_TO_2.replace("{s}", &quoted))
+                        .await
+                        .map_err(|e| pg_error(OP, e))?;
+                }
+                // (Re)create what is missing, idempotently.
+                tx.batch_execute(&SCHEMA.replace("{s}", &quoted))
                     .await
                     .map_err(|e| pg_error(OP, e))?;
                 tx.execute(
@@ -558,6 +597,11 @@ impl Store for PostgresStore {
                         &db_time(req.now),
                         &db_millis(req.lease),
                         &db_millis(req.ttl),
+                        &match req.orphans {
+                            Orphans::TakeOver => 0i16,
+                            Orphans::Reconcile => 1,
+                            Orphans::Block => 2,
+                        },
                     ],
                 )
                 .await?;
@@ -573,8 +617,9 @@ impl Store for PostgresStore {
             let expires_at = db_time(after(c.now, c.ttl));
             let token = c.token.get() as i64;
             let key = &c.key.as_bytes()[..];
-            let params: [&(dyn ToSql + Sync); 5] =
-                [&c.tenant, &key, &token, &c.result, &expires_at];
+            let status = c.status.as_str();
+            let params: [&(dyn ToSql + Sync); 6] =
+                [&c.tenant, &key, &token, &c.result, &expires_at, &status];
             let applied = self
                 .query("complete", &self.inner.sql.complete, &params)
                 .await?;
@@ -584,9 +629,7 @@ impl Store for PostgresStore {
             // Nothing changed: either another owner holds the key, or an earlier attempt whose
             // answer was lost already completed it with this very token.
             let ours = self.lookup(c.tenant, c.key).await?.is_some_and(|r| {
-                r.token == c.token
-                    && r.status == RecordStatus::Completed
-                    && r.result.as_deref() == Some(c.result)
+                r.token == c.token && r.status == c.status && r.result.as_deref() == Some(c.result)
             });
             Ok(if ours { Fenced::Applied } else { Fenced::Lost })
         })
@@ -708,6 +751,7 @@ fn decode_claim(
                 lease_expires_at: lease.max(0) as u64,
             }
         }
+        5 => Claim::Unknown,
         other => return Err(corrupt(OP, &format!("unknown decision {other}"))),
     })
 }

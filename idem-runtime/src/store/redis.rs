@@ -30,13 +30,17 @@
 //! | bytes (1-based) | field |
 //! |---|---|
 //! | 1–32 | fingerprint |
-//! | 33 | status: `i` in flight, `c` completed |
+//! | 33 | status: `i` in flight, `c` completed, `u` unknown |
 //! | 34–49 | expires at (16 digits) |
 //! | 50–65 | lease expires at (16 digits) |
 //! | 66–81 | created at (16 digits) |
 //! | 82–100 | fencing token (19 digits) |
 //! | 101–104 | length of the tool name (4 digits), then the tool name |
 //! | the rest | the stored result (completed records) |
+//!
+//! Layout version 2 added the status `u`. A prefix of version 1 is marked 2 when a build of
+//! version 2 opens it (the records are unchanged); stop the older workers first, since they
+//! would take an `unknown` record for an orphan.
 //!
 //! URL: `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB][?option=value&…]` with `prefix` (letters,
 //! digits, `_`, `-`, `.`; default `idem`), `timeout_ms` (connect and response timeout, default
@@ -51,7 +55,7 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::replay_cache::{self, ReplayCache};
 use super::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, RecordStatus, Store,
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Store,
     StoreFuture, StoreHealth, UnixMillis, after,
 };
 use crate::error::{StoreError, StoreErrorKind};
@@ -60,8 +64,8 @@ use crate::key::IdempotencyKey;
 
 const BACKEND: &str = "redis";
 
-/// The layout version this build writes (kept in `PREFIX:meta`).
-pub const SCHEMA_VERSION: u32 = 1;
+/// The layout version this build writes (kept in `PREFIX:meta`; 2 added the `unknown` status).
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Offsets of the record layout (see the module docs).
 mod layout {
@@ -75,23 +79,37 @@ mod layout {
     pub const HEADER: usize = 104;
 }
 
-/// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight.
-/// ARGV: fingerprint, now, token, lease expiry, expiry (as laid out above), TTL in ms, and the
-/// tool name with its 4-digit length.
+/// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight,
+/// 5 unknown. ARGV: fingerprint, now, token, lease expiry, expiry (as laid out above), TTL in ms,
+/// the tool name with its 4-digit length, and the orphan policy (`0` take over, `1` reconcile:
+/// take lapsed and unknown records over, `2` block: mark lapsed records unknown).
 const CLAIM: &str = r"
 local k = KEYS[1]
-local fp, now, token = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local fp, now, token, orphans = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[8]
 local v = redis.call('GET', k)
 if v and tonumber(string.sub(v, 34, 49)) > now then
   if string.sub(v, 1, 32) ~= fp then return {2} end
-  if string.sub(v, 33, 33) == 'c' then
-    return {3, string.sub(v, 34, 49), string.sub(v, 105 + tonumber(string.sub(v, 101, 104)))}
+  local status = string.sub(v, 33, 33)
+  local head = 104 + tonumber(string.sub(v, 101, 104))
+  if status == 'c' then
+    return {3, string.sub(v, 34, 49), string.sub(v, head + 1)}
   end
-  if string.sub(v, 82, 100) == token then return {0} end
-  local lease = string.sub(v, 50, 65)
-  if tonumber(lease) > now then return {4, lease} end
-  redis.call('SET', k, string.sub(v, 1, 49) .. ARGV[4] .. string.sub(v, 66, 81) .. token
-    .. string.sub(v, 101), 'KEEPTTL')
+  if string.sub(v, 82, 100) == token then
+    if string.sub(v, 66, 81) == ARGV[2] then return {0} end
+    return {1}
+  end
+  if status == 'u' then
+    if orphans ~= '1' then return {5} end
+  else
+    local lease = string.sub(v, 50, 65)
+    if tonumber(lease) > now then return {4, lease} end
+    if orphans == '2' then
+      redis.call('SET', k, string.sub(v, 1, 32) .. 'u' .. string.sub(v, 34), 'KEEPTTL')
+      return {5}
+    end
+  end
+  redis.call('SET', k, fp .. 'i' .. string.sub(v, 34, 49) .. ARGV[4] .. string.sub(v, 66, 81)
+    .. token .. string.sub(v, 101, head), 'KEEPTTL')
   return {1}
 end
 redis.call('SET', k, fp .. 'i' .. ARGV[5] .. ARGV[4] .. ARGV[2] .. token .. ARGV[7], 'PX', ARGV[6])
@@ -99,18 +117,18 @@ return {0}
 ";
 
 /// 1: applied (now, or by an earlier delivery of this very completion), 0: lost.
-/// ARGV: token, result, expiry, TTL in ms.
+/// ARGV: token, result, expiry, TTL in ms, the status to settle as (`c` or `u`).
 const COMPLETE: &str = r"
 local k = KEYS[1]
 local v = redis.call('GET', k)
 if not v or string.sub(v, 82, 100) ~= ARGV[1] then return 0 end
 local head = 104 + tonumber(string.sub(v, 101, 104))
-if string.sub(v, 33, 33) == 'c' then
-  if string.sub(v, head + 1) == ARGV[2] then return 1 end
+if string.sub(v, 33, 33) ~= 'i' then
+  if string.sub(v, 33, 33) == ARGV[5] and string.sub(v, head + 1) == ARGV[2] then return 1 end
   return 0
 end
-redis.call('SET', k, string.sub(v, 1, 32) .. 'c' .. ARGV[3] .. string.sub(v, 50, head) .. ARGV[2],
-  'PX', ARGV[4])
+redis.call('SET', k, string.sub(v, 1, 32) .. ARGV[5] .. ARGV[3] .. string.sub(v, 50, head)
+  .. ARGV[2], 'PX', ARGV[4])
 return 1
 ";
 
@@ -353,7 +371,8 @@ impl RedisStore {
                 ),
             ));
         }
-        let _: i64 = redis::cmd("HSETNX")
+        // New, or version 1 (the same records, one status fewer): mark it as this build's.
+        let _: i64 = redis::cmd("HSET")
             .arg(store.meta_key())
             .arg("schema_version")
             .arg(SCHEMA_VERSION)
@@ -431,6 +450,7 @@ fn decode_record(tenant: &str, key: IdempotencyKey, v: &[u8]) -> Result<Record, 
     let status = match v.get(layout::STATUS) {
         Some(b'i') => RecordStatus::InFlight,
         Some(b'c') => RecordStatus::Completed,
+        Some(b'u') => RecordStatus::Unknown,
         _ => return Err(bad()),
     };
     Ok(Record {
@@ -448,7 +468,7 @@ fn decode_record(tenant: &str, key: IdempotencyKey, v: &[u8]) -> Result<Record, 
         created_at: number(layout::CREATED)?,
         expires_at: number(layout::EXPIRES)?,
         result: match status {
-            RecordStatus::Completed => Some(v[tool_end..].to_vec()),
+            RecordStatus::Completed | RecordStatus::Unknown => Some(v[tool_end..].to_vec()),
             RecordStatus::InFlight => None,
         },
     })
@@ -500,6 +520,11 @@ impl Store for RedisStore {
                         expires_at.as_bytes(),
                         ttl.as_bytes(),
                         tool.as_bytes(),
+                        match req.orphans {
+                            Orphans::TakeOver => b"0",
+                            Orphans::Reconcile => b"1",
+                            Orphans::Block => b"2",
+                        },
                     ],
                 )
                 .await?;
@@ -526,6 +551,7 @@ impl Store for RedisStore {
                 (4, Some(lease), _) => Claim::InFlight {
                     lease_expires_at: int(OP, lease)?.max(0) as u64,
                 },
+                (5, _, _) => Claim::Unknown,
                 _ => return Err(corrupt(OP, "unknown decision")),
             })
         })
@@ -546,6 +572,10 @@ impl Store for RedisStore {
                         c.result,
                         expires_at.as_bytes(),
                         ttl.as_bytes(),
+                        match c.status {
+                            RecordStatus::Unknown => b"u",
+                            RecordStatus::Completed | RecordStatus::InFlight => b"c",
+                        },
                     ],
                 )
                 .await?;

@@ -36,8 +36,8 @@ use tokio::sync::oneshot;
 
 use super::replay_cache::{self, ReplayCache};
 use super::{
-    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Held, Record, RecordStatus,
-    Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
+    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Held, Orphans, Record,
+    RecordStatus, Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::fingerprint::Fingerprint;
@@ -45,8 +45,9 @@ use crate::key::IdempotencyKey;
 
 const BACKEND: &str = "sqlite";
 
-/// The schema version this build writes.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The schema version this build writes (2 added the `unknown` status; a version-1 file is
+/// upgraded on open).
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Most operations one transaction takes.
 const MAX_BATCH: usize = 512;
@@ -61,7 +62,7 @@ CREATE TABLE IF NOT EXISTS idem_records (
     key              BLOB    NOT NULL,
     tool             TEXT    NOT NULL,
     fingerprint      BLOB    NOT NULL,
-    status           TEXT    NOT NULL CHECK (status IN ('in_flight', 'completed')),
+    status           TEXT    NOT NULL CHECK (status IN ('in_flight', 'completed', 'unknown')),
     token            INTEGER NOT NULL,
     lease_expires_at INTEGER NOT NULL,
     created_at       INTEGER NOT NULL,
@@ -71,6 +72,17 @@ CREATE TABLE IF NOT EXISTS idem_records (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at);
 ";
+
+/// Version 1 to 2: SQLite cannot change a CHECK constraint in place, so the records move to a
+/// table with the new one (inside the schema transaction: all or nothing).
+const UPGRADE_1_TO_2: [&str; 3] = [
+    "ALTER TABLE idem_records RENAME TO idem_records_v1;
+     DROP INDEX IF EXISTS idem_records_expires_at;",
+    SCHEMA,
+    "INSERT INTO idem_records SELECT * FROM idem_records_v1;
+     DROP TABLE idem_records_v1;
+     UPDATE idem_meta SET value = 2 WHERE name = 'schema_version';",
+];
 
 const SELECT_HELD: &str = "SELECT fingerprint, status, lease_expires_at, expires_at, result \
      FROM idem_records WHERE tenant = ?1 AND key = ?2";
@@ -227,11 +239,13 @@ enum Op {
         now: UnixMillis,
         lease: Duration,
         ttl: Duration,
+        orphans: Orphans,
     },
     Complete {
         tenant: String,
         key: IdempotencyKey,
         token: FencingToken,
+        status: RecordStatus,
         result: Vec<u8>,
         expires_at: UnixMillis,
     },
@@ -360,7 +374,7 @@ fn read_held(
             .ok()
             .flatten()
             .map(<[u8]>::to_vec),
-        RecordStatus::InFlight => None,
+        RecordStatus::InFlight | RecordStatus::Unknown => None,
     };
     Ok(Some((held, result)))
 }
@@ -463,6 +477,12 @@ fn migrate(conn: &mut Connection, busy_timeout: Duration) -> Result<(), StoreErr
             .map_err(|e| sql_error("recording the schema version", e))?;
         }
         Some(v) if v == i64::from(SCHEMA_VERSION) => {}
+        Some(1) => {
+            for step in UPGRADE_1_TO_2 {
+                tx.execute_batch(step)
+                    .map_err(|e| sql_error("upgrading the schema from version 1", e))?;
+            }
+        }
         Some(v) if v > i64::from(SCHEMA_VERSION) => {
             return Err(StoreError::new(
                 BACKEND,
@@ -721,10 +741,20 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, StoreError> {
             now,
             lease,
             ttl,
+            orphans,
         } => {
             let held = read_held(tx, &tenant, &key)?;
-            let claim = match decide(held.as_ref().map(|h| h.0), fingerprint, now) {
+            let claim = match decide(held.as_ref().map(|h| h.0), fingerprint, now, orphans) {
                 Decision::Mismatch => Claim::Mismatch,
+                Decision::Blocked => Claim::Unknown,
+                Decision::MarkUnknown => {
+                    tx.prepare_cached(
+                        "UPDATE idem_records SET status = 'unknown' WHERE tenant = ?1 AND key = ?2",
+                    )
+                    .and_then(|mut s| s.execute(params![tenant, &key.as_bytes()[..]]))
+                    .map_err(|e| sql_error("claim", e))?;
+                    Claim::Unknown
+                }
                 Decision::InFlight { lease_expires_at } => Claim::InFlight { lease_expires_at },
                 Decision::Replay => {
                     let (held, result) = held.expect("a replay has a record");
@@ -762,8 +792,8 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, StoreError> {
                 Decision::Takeover => {
                     let token = FencingToken::generate();
                     tx.prepare_cached(
-                        "UPDATE idem_records SET token = ?3, lease_expires_at = ?4 \
-                         WHERE tenant = ?1 AND key = ?2",
+                        "UPDATE idem_records SET status = 'in_flight', token = ?3, \
+                         lease_expires_at = ?4, result = NULL WHERE tenant = ?1 AND key = ?2",
                     )
                     .and_then(|mut s| {
                         s.execute(params![
@@ -786,12 +816,13 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, StoreError> {
             tenant,
             key,
             token,
+            status,
             result,
             expires_at,
         } => {
             let n = tx
                 .prepare_cached(
-                    "UPDATE idem_records SET status = 'completed', result = ?4, expires_at = ?5 \
+                    "UPDATE idem_records SET status = ?6, result = ?4, expires_at = ?5 \
                      WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
                 )
                 .and_then(|mut s| {
@@ -801,6 +832,7 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, StoreError> {
                         token.get() as i64,
                         result,
                         db_time(expires_at),
+                        status.as_str(),
                     ])
                 })
                 .map_err(|e| sql_error("complete", e))?;
@@ -862,7 +894,7 @@ impl Store for SqliteStore {
             // behind the commits of others.
             let snapshot = self.read(|conn| read_held(conn, req.tenant, &req.key))?;
             if let Some((held, result)) = snapshot {
-                match decide(Some(held), req.fingerprint, req.now) {
+                match decide(Some(held), req.fingerprint, req.now, req.orphans) {
                     Decision::Replay => {
                         let result = result.unwrap_or_default();
                         let (tenant, key) = (req.tenant, req.key);
@@ -873,7 +905,8 @@ impl Store for SqliteStore {
                     Decision::InFlight { lease_expires_at } => {
                         return Ok(Claim::InFlight { lease_expires_at });
                     }
-                    Decision::Insert | Decision::Takeover => {}
+                    Decision::Blocked => return Ok(Claim::Unknown),
+                    Decision::Insert | Decision::Takeover | Decision::MarkUnknown => {}
                 }
             }
             let op = Op::Claim {
@@ -884,6 +917,7 @@ impl Store for SqliteStore {
                 now: req.now,
                 lease: req.lease,
                 ttl: req.ttl,
+                orphans: req.orphans,
             };
             match self.write(op).await? {
                 Reply::Claim(claim) => Ok(claim),
@@ -906,6 +940,7 @@ impl Store for SqliteStore {
                 tenant: c.tenant.to_owned(),
                 key: c.key,
                 token: c.token,
+                status: c.status,
                 result: c.result.to_vec(),
                 expires_at: after(c.now, c.ttl),
             };
@@ -1095,6 +1130,53 @@ mod tests {
         assert_eq!(v, 99, "the file is left as it was");
     }
 
+    #[tokio::test]
+    async fn a_version_1_file_is_upgraded_with_its_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE idem_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+             CREATE TABLE idem_records (
+                 tenant TEXT NOT NULL, key BLOB NOT NULL, tool TEXT NOT NULL,
+                 fingerprint BLOB NOT NULL,
+                 status TEXT NOT NULL CHECK (status IN ('in_flight', 'completed')),
+                 token INTEGER NOT NULL, lease_expires_at INTEGER NOT NULL,
+                 created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, result BLOB,
+                 PRIMARY KEY (tenant, key)) WITHOUT ROWID;
+             CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
+             INSERT INTO idem_meta VALUES ('schema_version', 1);",
+        )
+        .unwrap();
+        let key = crate::key::derive_key("t", "tool", &[crate::key::KeyPart::new(&1).unwrap()]);
+        conn.execute(
+            "INSERT INTO idem_records VALUES ('t', ?1, 'tool', ?2, 'completed', 5, 0, 1, ?3, ?4)",
+            params![&key.as_bytes()[..], &[7u8; 32][..], i64::MAX, &b"kept"[..]],
+        )
+        .unwrap();
+        drop(conn);
+
+        let store = SqliteStore::open_path(&path).unwrap();
+        let health = store.health().await.unwrap();
+        assert_eq!(health.schema_version, SCHEMA_VERSION);
+        let record = store.lookup("t", key).await.unwrap().expect("kept");
+        assert_eq!(record.result.as_deref(), Some(&b"kept"[..]));
+        assert_eq!(record.status, RecordStatus::Completed);
+        // The new status is accepted now.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute("UPDATE idem_records SET status = 'unknown'", [])
+            .unwrap();
+        let indexes: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'index' \
+                 AND name = 'idem_records_expires_at' AND tbl_name = 'idem_records'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(indexes, 1, "the expiry index is on the new table");
+    }
+
     #[test]
     fn a_missing_directory_is_a_clear_error() {
         let err = SqliteStore::open_path("/nonexistent-idem-dir/x.db").unwrap_err();
@@ -1124,6 +1206,7 @@ mod tests {
                 now: 1,
                 lease: Duration::from_secs(1),
                 ttl: Duration::from_secs(1),
+                orphans: crate::store::Orphans::TakeOver,
             })
             .await
             .unwrap_err();
@@ -1148,6 +1231,7 @@ mod tests {
                     now: 1_000,
                     lease: Duration::from_secs(30),
                     ttl: Duration::from_secs(60),
+                    orphans: crate::store::Orphans::TakeOver,
                 })
                 .await
         };
