@@ -22,6 +22,8 @@ pub mod clock;
 mod current;
 mod error;
 pub mod fingerprint;
+#[cfg(any(feature = "http", feature = "client"))]
+pub mod http;
 pub mod key;
 mod outcome;
 pub mod registry;

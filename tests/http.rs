@@ -1,0 +1,464 @@
+//! The `Idempotency-Key` layer, end to end: the payments example served on a loopback port,
+//! driven with reqwest, raw TCP and the idem client. Every test counts charges in the example's
+//! ledger.
+
+#[allow(dead_code, unreachable_pub)]
+#[path = "../examples/payments_server.rs"]
+mod payments_server;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use idem::Idem;
+use idem::http::client::{IdemClient, RetryPolicy};
+use payments_server::{PaymentIntent, Payments, serve};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Server {
+    addr: SocketAddr,
+    payments: Payments,
+    _store: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start(latency: Duration) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+        let idem = Idem::builder()
+            .lease(Duration::from_secs(10))
+            .open(&url)
+            .await
+            .unwrap();
+        let payments = Payments::new(latency);
+        let (addr, _) = serve(idem, payments.clone(), "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        Server {
+            addr,
+            payments,
+            _store: dir,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn charges(&self) -> Vec<PaymentIntent> {
+        self.payments.charges()
+    }
+
+    /// A create request with `key` and `amount`, as `user`.
+    fn create(&self, key: Option<&str>, amount: u64, user: &str) -> reqwest::RequestBuilder {
+        let mut req = reqwest::Client::new()
+            .post(self.url("/v1/payment_intents"))
+            .bearer_auth(user)
+            .form(&[
+                ("amount", amount.to_string()),
+                ("currency", "eur".into()),
+                ("customer", "cus_42".into()),
+                ("metadata[order]", "o-7".into()),
+            ]);
+        if let Some(key) = key {
+            req = req.header("Idempotency-Key", key);
+        }
+        req
+    }
+}
+
+fn key() -> String {
+    format!("key-{}", uuid::Uuid::new_v4())
+}
+
+async fn problem(response: reqwest::Response, status: u16, code: &str) -> serde_json::Value {
+    assert_eq!(response.status().as_u16(), status);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert_eq!(
+        response.headers()["link"],
+        "</idempotency-policy>; rel=\"describedby\""
+    );
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(
+        body["type"],
+        format!("/idempotency-policy#{code}"),
+        "{body}"
+    );
+    assert_eq!(body["status"], status);
+    body
+}
+
+#[tokio::test]
+async fn a_retry_is_replayed_byte_for_byte_and_charges_once() {
+    let server = Server::start(Duration::ZERO).await;
+    let key = key();
+    let first = server.create(Some(&key), 500, "sk_a").send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first_type = first.headers()["content-type"].clone();
+    let first_body = first.bytes().await.unwrap();
+    for _ in 0..3 {
+        let again = server.create(Some(&key), 500, "sk_a").send().await.unwrap();
+        assert_eq!(again.status(), 200);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.headers()["content-type"], first_type);
+        assert_eq!(again.bytes().await.unwrap(), first_body, "byte for byte");
+    }
+    // The same key as a structured-field String is the same key.
+    let quoted = server
+        .create(Some(&format!("\"{key}\"")), 500, "sk_a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(quoted.headers()["idempotent-replayed"], "true");
+    assert_eq!(server.charges().len(), 1);
+    let intent: PaymentIntent = serde_json::from_slice(&first_body).unwrap();
+    assert_eq!(intent.object, "payment_intent");
+    assert!(intent.id.starts_with("pi_"));
+    assert_eq!(intent.metadata["order"], "o-7");
+}
+
+#[tokio::test]
+async fn another_payload_with_the_same_key_is_422_every_time() {
+    let server = Server::start(Duration::ZERO).await;
+    let key = key();
+    assert_eq!(
+        server
+            .create(Some(&key), 500, "sk_a")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    for _ in 0..2 {
+        let other = server.create(Some(&key), 900, "sk_a").send().await.unwrap();
+        let body = problem(other, 422, "key-reused").await;
+        assert!(!body.to_string().contains(&key), "no key in {body}");
+    }
+    // The body's field order does not matter, only its content.
+    let reordered = reqwest::Client::new()
+        .post(server.url("/v1/payment_intents"))
+        .bearer_auth("sk_a")
+        .header("Idempotency-Key", &key)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("metadata%5Border%5D=o-7&customer=cus_42&currency=eur&amount=500")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reordered.headers()["idempotent-replayed"], "true");
+    assert_eq!(server.charges().len(), 1);
+}
+
+#[tokio::test]
+async fn keys_are_required_and_checked_before_anything_runs() {
+    let server = Server::start(Duration::ZERO).await;
+    problem(
+        server.create(None, 500, "sk_a").send().await.unwrap(),
+        400,
+        "missing-key",
+    )
+    .await;
+    for bad in ["has space", &"k".repeat(256), "\"unterminated", "\"a\\nb\""] {
+        problem(
+            server.create(Some(bad), 500, "sk_a").send().await.unwrap(),
+            400,
+            "malformed-key",
+        )
+        .await;
+    }
+    // Raw TCP: an empty key, and the header twice.
+    for headers in [
+        "Idempotency-Key: \r\n",
+        "Idempotency-Key: a\r\nIdempotency-Key: b\r\n",
+    ] {
+        let response = raw(
+            server.addr,
+            "POST",
+            "/v1/payment_intents",
+            headers,
+            b"amount=5&currency=eur",
+        )
+        .await;
+        assert!(response.starts_with("HTTP/1.1 400"), "{response}");
+        assert!(response.contains("malformed-key"), "{response}");
+    }
+    assert_eq!(server.charges().len(), 0);
+    // GET needs no key.
+    let list = reqwest::get(server.url("/v1/payment_intents"))
+        .await
+        .unwrap();
+    assert_eq!(list.status(), 200);
+    // The policy is published where the problems link.
+    let policy = reqwest::get(server.url("/idempotency-policy"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(policy.contains("1 to 255 visible ASCII"), "{policy}");
+    assert!(policy.contains("422"), "{policy}");
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_413_before_anything_is_stored() {
+    let server = Server::start(Duration::ZERO).await;
+    let key = key();
+    let big = format!("amount=5&currency=eur&metadata[pad]={}", "x".repeat(70_000));
+    let response = reqwest::Client::new()
+        .post(server.url("/v1/payment_intents"))
+        .header("Idempotency-Key", &key)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    problem(response, 413, "body-too-large").await;
+    // Chunked, with no length announced: cut off while reading.
+    let chunked = raw_chunked(server.addr, &key, big.as_bytes()).await;
+    assert!(chunked.starts_with("HTTP/1.1 413"), "{chunked}");
+    // Nothing was stored: the same key with a small body runs.
+    let ok = server.create(Some(&key), 5, "anonymous").send().await;
+    assert_eq!(ok.unwrap().status(), 200);
+    assert_eq!(server.charges().len(), 1);
+}
+
+#[tokio::test]
+async fn thirty_two_simultaneous_requests_make_one_charge() {
+    let server = Server::start(Duration::from_millis(200)).await;
+    let key = key();
+    let calls = (0..32).map(|_| {
+        let req = server.create(Some(&key), 500, "sk_a");
+        tokio::spawn(async move { req.send().await.unwrap() })
+    });
+    let mut statuses = Vec::new();
+    for call in calls {
+        let response = call.await.unwrap();
+        let replayed = response.headers().get("idempotent-replayed").is_some();
+        if response.status() == 409 {
+            assert!(response.headers().get("retry-after").is_some());
+        }
+        statuses.push((response.status().as_u16(), replayed));
+    }
+    assert_eq!(server.charges().len(), 1, "{statuses:?}");
+    let fresh = statuses.iter().filter(|s| **s == (200, false)).count();
+    assert_eq!(fresh, 1, "{statuses:?}");
+    assert!(
+        statuses
+            .iter()
+            .all(|s| matches!(s, (200, _) | (409, false))),
+        "{statuses:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_dropped_mid_request_still_records_the_charge() {
+    let server = Server::start(Duration::from_millis(300)).await;
+    let key = key();
+    // Send the request and hang up before the handler answers.
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let body = "amount=500&currency=eur&customer=cus_42&metadata%5Border%5D=o-7";
+    let request = format!(
+        "POST /v1/payment_intents HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk_a\r\n\
+         Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(stream);
+    // The retry (with the idem client, which waits out 409) gets the stored response.
+    let answer = IdemClient::new(reqwest::Client::new())
+        .post(server.url("/v1/payment_intents"))
+        .key(&key)
+        .header("authorization", "Bearer sk_a")
+        .form(&[
+            ("amount", "500"),
+            ("currency", "eur"),
+            ("customer", "cus_42"),
+            ("metadata[order]", "o-7"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert!(
+        answer.replayed(),
+        "the dropped request's charge is replayed"
+    );
+    assert_eq!(server.charges().len(), 1);
+}
+
+#[tokio::test]
+async fn a_handler_slower_than_the_client_timeout_charges_once() {
+    let server = Server::start(Duration::from_millis(400)).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    let client = IdemClient::new(http).retry_policy(RetryPolicy {
+        max_attempts: 20,
+        base_delay: Duration::from_millis(50),
+        max_delay: Duration::from_millis(200),
+        budget: Duration::from_secs(10),
+    });
+    let answer = client
+        .post(server.url("/v1/payment_intents"))
+        .form(&[("amount", "500"), ("currency", "eur")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert!(answer.replayed());
+    assert!(answer.attempts() > 1, "{}", answer.attempts());
+    let key = answer.key().unwrap().to_owned();
+    assert_eq!(server.charges().len(), 1);
+    let intent: PaymentIntent = answer.into_response().json().await.unwrap();
+    assert_eq!(intent.amount, 500);
+    assert!(!key.is_empty());
+}
+
+#[tokio::test]
+async fn principals_never_see_each_other() {
+    let server = Server::start(Duration::ZERO).await;
+    let key = key();
+    let a = server
+        .create(Some(&key), 500, "sk_alice")
+        .send()
+        .await
+        .unwrap();
+    let b = server
+        .create(Some(&key), 900, "sk_bob")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(a.status(), 200);
+    assert_eq!(b.status(), 200, "another principal's key is another key");
+    assert!(b.headers().get("idempotent-replayed").is_none());
+    let b: PaymentIntent = b.json().await.unwrap();
+    assert_eq!(b.amount, 900);
+    let a_again = server
+        .create(Some(&key), 500, "sk_alice")
+        .send()
+        .await
+        .unwrap();
+    let a_again: PaymentIntent = a_again.json().await.unwrap();
+    assert_eq!(a_again.amount, 500);
+    assert_eq!(server.charges().len(), 2);
+}
+
+#[tokio::test]
+async fn a_500_that_ran_is_replayed_and_a_400_is_not_kept() {
+    let server = Server::start(Duration::ZERO).await;
+    let key = key();
+    let failing = || {
+        reqwest::Client::new()
+            .post(server.url("/v1/payment_intents"))
+            .header("Idempotency-Key", &key)
+            .form(&[
+                ("amount", "500"),
+                ("currency", "eur"),
+                ("customer", "cus_fail"),
+            ])
+    };
+    let first = failing().send().await.unwrap();
+    assert_eq!(first.status(), 500);
+    let first_body = first.bytes().await.unwrap();
+    let again = failing().send().await.unwrap();
+    assert_eq!(again.status(), 500);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.bytes().await.unwrap(), first_body);
+    assert_eq!(server.charges().len(), 1, "the failed charge happened once");
+
+    // A validation error had no effect: not kept, so the corrected retry runs.
+    let key = self::key();
+    let invalid = reqwest::Client::new()
+        .post(server.url("/v1/payment_intents"))
+        .header("Idempotency-Key", &key)
+        .form(&[("currency", "eur")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(invalid.status(), 400);
+    let envelope: serde_json::Value = invalid.json().await.unwrap();
+    assert_eq!(envelope["error"]["code"], "parameter_missing");
+    let fixed = reqwest::Client::new()
+        .post(server.url("/v1/payment_intents"))
+        .header("Idempotency-Key", &key)
+        .form(&[("amount", "5"), ("currency", "eur")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fixed.status(), 200);
+    assert!(fixed.headers().get("idempotent-replayed").is_none());
+    assert_eq!(server.charges().len(), 2);
+}
+
+#[tokio::test]
+async fn the_client_never_retries_422_and_reports_replays() {
+    let server = Server::start(Duration::ZERO).await;
+    let client = IdemClient::new(reqwest::Client::new());
+    let key = key();
+    let first = client
+        .post(server.url("/v1/payment_intents"))
+        .key(&key)
+        .form(&[("amount", "500"), ("currency", "eur")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((first.status().as_u16(), first.replayed()), (200, false));
+    let reused = client
+        .post(server.url("/v1/payment_intents"))
+        .key(&key)
+        .form(&[("amount", "600"), ("currency", "eur")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reused.status(), 422);
+    assert_eq!(reused.attempts(), 1, "a 422 is never retried");
+    let list = client
+        .get(server.url("/v1/payment_intents"))
+        .send()
+        .await
+        .unwrap();
+    assert!(list.key().is_none(), "GET carries no key");
+    assert_eq!(server.charges().len(), 1);
+}
+
+/// Sends one raw HTTP/1.1 request and reads the whole answer.
+async fn raw(addr: SocketAddr, method: &str, path: &str, headers: &str, body: &[u8]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body).await.unwrap();
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).await.unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Sends a chunked body and reads the answer (the server may answer before reading it all).
+async fn raw_chunked(addr: SocketAddr, key: &str, body: &[u8]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/payment_intents HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Idempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+         Transfer-Encoding: chunked\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    for chunk in body.chunks(8192) {
+        let framed = [format!("{:x}\r\n", chunk.len()).as_bytes(), chunk, b"\r\n"].concat();
+        if stream.write_all(&framed).await.is_err() {
+            break;
+        }
+    }
+    let _ = stream.write_all(b"0\r\n\r\n").await;
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
