@@ -462,3 +462,65 @@ async fn raw_chunked(addr: SocketAddr, key: &str, body: &[u8]) -> String {
     let _ = stream.read_to_end(&mut out).await;
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// Whether the Stripe Python SDK can run here; without it the SDK test is skipped (with
+/// `IDEM_REQUIRE_BACKENDS=1`, as in CI, a missing SDK is a failure).
+fn stripe_sdk() -> bool {
+    let found = std::process::Command::new("python3")
+        .args(["-c", "import stripe"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert_ne!(
+            std::env::var("IDEM_REQUIRE_BACKENDS").as_deref(),
+            Ok("1"),
+            "the Stripe SDK is required: pip install stripe"
+        );
+        eprintln!("skipped: `pip install stripe` to drive the server with Stripe's own SDK");
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripes_own_sdk_retrying_on_its_own_creates_one_intent_per_call() {
+    if !stripe_sdk() {
+        return;
+    }
+    // Each charge takes 1.2 s; the SDK gives up on a request after 0.15 s and retries it with
+    // its own key: timeouts, then 409 while the first request runs, then the replay.
+    let server = Server::start(Duration::from_millis(1200)).await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/stripe_sdk/create_intents.py"
+    );
+    let output = tokio::process::Command::new("python3")
+        .args([script, &server.url(""), "3", "0.15"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let calls: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(calls.len(), 3);
+    let charges = server.charges();
+    assert_eq!(charges.len(), 3, "one intent per create call: {calls:?}");
+    for (call, charge) in calls.iter().zip(&charges) {
+        assert_eq!(
+            call["id"],
+            charge.id.as_str(),
+            "the SDK got the intent that was made"
+        );
+        assert_eq!(call["amount"], charge.amount);
+        assert!(
+            call["requests"].as_u64().unwrap() >= 2,
+            "the SDK retried: {call}"
+        );
+    }
+}

@@ -440,35 +440,26 @@ impl Config {
         let principal = (self.principal)(&parts);
         let fingerprint = self.fingerprint(&parts, &bytes);
         let req = Request::from_parts(parts, Either::Right(Full::new(bytes)));
-        // From the claim on, the request runs in a task of its own: a client that hangs up
-        // cancels neither the handler nor the recording of its response.
-        let config = self.clone();
-        let guarded = tokio::spawn(async move {
-            config
-                .guarded(inner, key, principal, fingerprint, req)
-                .await
-        });
-        match guarded.await {
-            Ok(response) => response.map(Either::Right),
-            Err(_) => self.problem(
-                Problem::ServiceFailed,
-                "the handler panicked; the key stays held until its lease lapses".to_owned(),
-            ),
-        }
+        self.guarded(inner, key, principal, fingerprint, req)
+            .await
+            .map(Either::Right)
     }
 
+    /// Claims the key and answers from the record, or runs the handler.
     async fn guarded<S, B, ResB>(
         self: Arc<Self>,
-        mut inner: S,
+        inner: S,
         key: String,
         principal: String,
         fingerprint: Fingerprint,
         req: Request<GuardedRequestBody<B>>,
     ) -> Response<Full<Bytes>>
     where
-        S: Service<Request<GuardedRequestBody<B>>, Response = Response<ResB>> + Send,
-        S::Error: Into<BoxError>,
-        ResB: Body<Data = Bytes>,
+        S: Service<Request<GuardedRequestBody<B>>, Response = Response<ResB>> + Send + 'static,
+        S::Error: Into<BoxError> + Send,
+        S::Future: Send + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        ResB: Body<Data = Bytes> + Send + 'static,
         ResB::Error: Into<BoxError>,
     {
         let idem = &self.idem;
@@ -546,7 +537,42 @@ impl Config {
                 }
                 Ok(Claim::Acquired { token, .. }) => token,
             };
+        // The key is ours: the handler runs in a task of its own, so a client that hangs up
+        // cancels neither the handler nor the recording of its response.
+        let config = self.clone();
+        let run = tokio::spawn(async move {
+            config
+                .run_handler(inner, principal, key, token, ttl, req)
+                .await
+        });
+        match run.await {
+            Ok(response) => response,
+            Err(_) => unwrap_full(self.problem(
+                Problem::ServiceFailed,
+                "the handler panicked; the key stays held until its lease lapses".to_owned(),
+            )),
+        }
+    }
 
+    /// Runs the handler on a claimed key and records its response (or releases the key when
+    /// its status says nothing happened).
+    async fn run_handler<S, B, ResB>(
+        self: Arc<Self>,
+        mut inner: S,
+        principal: String,
+        key: IdempotencyKey,
+        token: crate::store::FencingToken,
+        ttl: Duration,
+        req: Request<GuardedRequestBody<B>>,
+    ) -> Response<Full<Bytes>>
+    where
+        S: Service<Request<GuardedRequestBody<B>>, Response = Response<ResB>>,
+        S::Error: Into<BoxError>,
+        ResB: Body<Data = Bytes>,
+        ResB::Error: Into<BoxError>,
+    {
+        let idem = &self.idem;
+        let store = idem.store();
         let answered = match std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
             Ok(()) => inner.call(req).await,
             Err(e) => Err(e),
