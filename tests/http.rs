@@ -524,3 +524,201 @@ async fn stripes_own_sdk_retrying_on_its_own_creates_one_intent_per_call() {
         );
     }
 }
+
+/// A router of its own for the rules the payments example does not exercise: how many times
+/// each route's handler ran, and what it answers.
+mod custom {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::Router;
+    use axum::http::StatusCode;
+    use axum::routing::{patch, post};
+
+    pub struct Counted {
+        pub addr: std::net::SocketAddr,
+        pub runs: Arc<AtomicUsize>,
+    }
+
+    impl Counted {
+        pub fn runs(&self) -> usize {
+            self.runs.load(Ordering::SeqCst)
+        }
+    }
+
+    /// `/flaky` answers 429, then 503, then 201; `/thing` (PATCH, PUT, DELETE) answers 200;
+    /// `/json` answers 201. Every run is counted.
+    pub async fn start(layer: idem::http::server::IdempotencyLayer) -> Counted {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (r1, r2, r3) = (runs.clone(), runs.clone(), runs.clone());
+        let app = Router::new()
+            .route(
+                "/flaky",
+                post(move || {
+                    let n = r1.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        match n {
+                            0 => (StatusCode::TOO_MANY_REQUESTS, "slow down"),
+                            1 => (StatusCode::SERVICE_UNAVAILABLE, "try later"),
+                            _ => (StatusCode::CREATED, "made"),
+                        }
+                    }
+                }),
+            )
+            .route(
+                "/thing",
+                patch(move || {
+                    r2.fetch_add(1, Ordering::SeqCst);
+                    async { "patched" }
+                })
+                .put(|| async { "put" })
+                .delete(|| async { "deleted" }),
+            )
+            .route(
+                "/json",
+                post(move || {
+                    r3.fetch_add(1, Ordering::SeqCst);
+                    async { (StatusCode::CREATED, "made") }
+                }),
+            )
+            .layer(layer);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Counted { addr, runs }
+    }
+}
+
+async fn memory_layer() -> idem::http::server::IdempotencyLayer {
+    idem::http::server::IdempotencyLayer::new(Idem::open("memory://").await.unwrap())
+}
+
+#[tokio::test]
+async fn patch_is_guarded_and_put_delete_pass_through() {
+    let server = custom::start(memory_layer().await).await;
+    let url = format!("http://{}/thing", server.addr);
+    let http = reqwest::Client::new();
+    let no_key = http.patch(&url).body("x").send().await.unwrap();
+    assert_eq!(no_key.status(), 400);
+    assert_eq!(server.runs(), 0);
+    for _ in 0..2 {
+        let keyed = http
+            .patch(&url)
+            .header("Idempotency-Key", "patch-1")
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(keyed.status(), 200);
+    }
+    assert_eq!(server.runs(), 1, "the second PATCH was replayed");
+    assert_eq!(http.put(&url).send().await.unwrap().status(), 200);
+    assert_eq!(http.delete(&url).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn answers_that_say_nothing_happened_are_not_kept_and_the_client_retries_them() {
+    let server = custom::start(memory_layer().await).await;
+    let client = IdemClient::new(reqwest::Client::new()).retry_policy(RetryPolicy {
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(50),
+        ..RetryPolicy::default()
+    });
+    // 1: 429, not kept, retried. 2: a 503 that ran, kept, and retried as a 5xx. 3: the replay
+    // of that 503, which the client does not retry: a stored answer will not change.
+    let answer = client
+        .post(format!("http://{}/flaky", server.addr))
+        .key("flaky-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503);
+    assert!(answer.replayed());
+    assert_eq!(answer.attempts(), 3);
+    assert_eq!(
+        server.runs(),
+        2,
+        "the handler ran for the 429 and the 503, not again"
+    );
+}
+
+#[tokio::test]
+async fn skipped_fields_do_not_change_the_fingerprint() {
+    let layer = memory_layer().await.skip(["meta.trace_id"]);
+    let server = custom::start(layer).await;
+    let send = |body: serde_json::Value| {
+        reqwest::Client::new()
+            .post(format!("http://{}/json", server.addr))
+            .header("Idempotency-Key", "json-1")
+            .json(&body)
+            .send()
+    };
+    let first = send(serde_json::json!({"amount": 5, "meta": {"trace_id": "t1"}}));
+    assert_eq!(first.await.unwrap().status(), 201);
+    let retried = send(serde_json::json!({"meta": {"trace_id": "t2"}, "amount": 5}))
+        .await
+        .unwrap();
+    assert_eq!(retried.headers()["idempotent-replayed"], "true");
+    let changed = send(serde_json::json!({"amount": 6, "meta": {"trace_id": "t1"}}))
+        .await
+        .unwrap();
+    assert_eq!(changed.status(), 422);
+    assert_eq!(server.runs(), 1);
+}
+
+#[tokio::test]
+async fn the_client_derives_its_key_from_the_running_tool() {
+    use idem::idempotent;
+
+    #[idempotent(key = "run_id", mutating, name = "http.derived", skip = "url")]
+    async fn tool(run_id: String, url: String) -> Result<(String, String), String> {
+        let expected = idem::current()
+            .unwrap()
+            .derive("payments")
+            .as_str()
+            .to_owned();
+        let answer = IdemClient::new(reqwest::Client::new())
+            .post(url)
+            .derive("payments")
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((answer.key().unwrap().to_owned(), expected))
+    }
+
+    let server = custom::start(memory_layer().await).await;
+    let idem = Idem::open("memory://").await.unwrap();
+    let out = idem
+        .scope("t")
+        .run(tool("run-1".into(), format!("http://{}/json", server.addr)))
+        .await
+        .unwrap();
+    let (sent, expected) = out.into_value().unwrap();
+    assert_eq!(sent, expected, "the tool's derived key went on the wire");
+    assert_eq!(sent.len(), 64);
+}
+
+#[tokio::test]
+async fn the_client_gives_up_on_an_unreachable_server_after_its_attempts() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let client = IdemClient::new(reqwest::Client::new()).retry_policy(RetryPolicy {
+        max_attempts: 3,
+        base_delay: Duration::from_millis(5),
+        max_delay: Duration::from_millis(20),
+        budget: Duration::from_secs(10),
+    });
+    let err = client
+        .post(format!("http://{addr}/v1/payment_intents"))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            idem::http::client::ClientError::Transport { attempts: 3, .. }
+        ),
+        "{err:?}"
+    );
+}

@@ -307,6 +307,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn retry_after_is_read_in_seconds() {
+        let response = |value: &str| {
+            Response::from(
+                http::Response::builder()
+                    .status(409)
+                    .header(http::header::RETRY_AFTER, value)
+                    .body(Vec::<u8>::new())
+                    .unwrap(),
+            )
+        };
+        assert_eq!(retry_after(&response("3")), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after(&response(" 0 ")), Some(Duration::ZERO));
+        assert_eq!(
+            retry_after(&response("Wed, 21 Oct 2015 07:28:00 GMT")),
+            None
+        );
+        assert_eq!(retry_after(&response("-1")), None);
+    }
+
+    #[test]
     fn jitter_stays_under_its_bound() {
         for _ in 0..1000 {
             assert!(jitter(Duration::from_millis(10)) < Duration::from_millis(10));
