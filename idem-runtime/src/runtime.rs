@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{OpenError, StoreError, redact_url};
+use crate::store::admin::AdminStore;
 use crate::store::memory::MemoryStore;
 use crate::store::{Store, StoreHealth};
 
@@ -209,9 +210,13 @@ impl IdemBuilder {
 
     /// A runtime over `store`.
     pub fn build(self, store: impl Store + 'static) -> Idem {
+        self.build_arc(Arc::new(store))
+    }
+
+    fn build_arc(self, store: Arc<dyn Store>) -> Idem {
         Idem {
             inner: Arc::new(Inner {
-                store: Arc::new(store),
+                store,
                 ttl: self.ttl,
                 lease: self.lease,
                 retry_window: self.retry_window.unwrap_or(self.ttl),
@@ -235,62 +240,67 @@ impl IdemBuilder {
     ///
     /// Passwords never appear in errors (`postgres://app:***@db/…`).
     pub async fn open(self, url: &str) -> Result<Idem, OpenError> {
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(OpenError::InvalidUrl {
-                url: redact_url(url),
-                reason: "expected `scheme://…`, e.g. `sqlite://idem.db` or `memory://`".into(),
-            });
-        };
-        match scheme.to_ascii_lowercase().as_str() {
-            "memory" if rest.is_empty() => Ok(self.build(MemoryStore::new())),
-            "memory" => Err(OpenError::InvalidUrl {
-                url: redact_url(url),
-                reason: "`memory://` takes nothing after the scheme".into(),
-            }),
-            #[cfg(feature = "sqlite")]
-            "sqlite" => {
-                use crate::store::sqlite::{SqliteOptions, SqliteStore};
-                let options =
-                    SqliteOptions::from_url_rest(rest).map_err(|reason| OpenError::InvalidUrl {
-                        url: redact_url(url),
-                        reason,
-                    })?;
-                let store = tokio::task::spawn_blocking(move || SqliteStore::open(options))
-                    .await
-                    .map_err(|_| {
-                        StoreError::new(
-                            "sqlite",
-                            crate::error::StoreErrorKind::Unavailable,
-                            "opening the file panicked",
-                        )
-                    })??;
-                Ok(self.build(store))
-            }
-            #[cfg(feature = "postgres")]
-            "postgres" | "postgresql" => {
-                use crate::store::postgres::{PostgresOptions, PostgresStore};
-                let options =
-                    PostgresOptions::from_url(url).map_err(|reason| OpenError::InvalidUrl {
-                        url: redact_url(url),
-                        reason,
-                    })?;
-                Ok(self.build(PostgresStore::open(options).await?))
-            }
-            #[cfg(feature = "redis")]
-            "redis" => {
-                use crate::store::redis::{RedisOptions, RedisStore};
-                let options =
-                    RedisOptions::from_url(url).map_err(|reason| OpenError::InvalidUrl {
-                        url: redact_url(url),
-                        reason,
-                    })?;
-                Ok(self.build(RedisStore::open(options).await?))
-            }
-            other => Err(OpenError::UnsupportedScheme {
-                scheme: other.to_owned(),
-                available: schemes(),
-            }),
+        let store: Arc<dyn Store> = open_store(url).await?;
+        Ok(self.build_arc(store))
+    }
+}
+
+/// Opens the store a URL names (see [`IdemBuilder::open`]).
+pub(crate) async fn open_store(url: &str) -> Result<Arc<dyn AdminStore>, OpenError> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(OpenError::InvalidUrl {
+            url: redact_url(url),
+            reason: "expected `scheme://…`, e.g. `sqlite://idem.db` or `memory://`".into(),
+        });
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "memory" if rest.is_empty() => Ok(Arc::new(MemoryStore::new())),
+        "memory" => Err(OpenError::InvalidUrl {
+            url: redact_url(url),
+            reason: "`memory://` takes nothing after the scheme".into(),
+        }),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => {
+            use crate::store::sqlite::{SqliteOptions, SqliteStore};
+            let options =
+                SqliteOptions::from_url_rest(rest).map_err(|reason| OpenError::InvalidUrl {
+                    url: redact_url(url),
+                    reason,
+                })?;
+            let store = tokio::task::spawn_blocking(move || SqliteStore::open(options))
+                .await
+                .map_err(|_| {
+                    StoreError::new(
+                        "sqlite",
+                        crate::error::StoreErrorKind::Unavailable,
+                        "opening the file panicked",
+                    )
+                })??;
+            Ok(Arc::new(store))
         }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            use crate::store::postgres::{PostgresOptions, PostgresStore};
+            let options =
+                PostgresOptions::from_url(url).map_err(|reason| OpenError::InvalidUrl {
+                    url: redact_url(url),
+                    reason,
+                })?;
+            Ok(Arc::new(PostgresStore::open(options).await?))
+        }
+        #[cfg(feature = "redis")]
+        "redis" => {
+            use crate::store::redis::{RedisOptions, RedisStore};
+            let options = RedisOptions::from_url(url).map_err(|reason| OpenError::InvalidUrl {
+                url: redact_url(url),
+                reason,
+            })?;
+            Ok(Arc::new(RedisStore::open(options).await?))
+        }
+        other => Err(OpenError::UnsupportedScheme {
+            scheme: other.to_owned(),
+            available: schemes(),
+        }),
     }
 }
 

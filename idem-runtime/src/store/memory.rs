@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use super::admin::{self, AdminStore, Page, Resolution};
 use super::{
     Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Held, Record, RecordStatus,
     Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
@@ -78,6 +79,7 @@ impl MemoryStore {
                             created_at: req.now,
                             expires_at: after(req.now, req.ttl),
                             result: None,
+                            note: None,
                         },
                     );
                     Claim::Acquired {
@@ -199,7 +201,85 @@ impl Store for MemoryStore {
     }
 }
 
+impl AdminStore for MemoryStore {
+    fn scan<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> StoreFuture<'a, Page> {
+        Box::pin(async move {
+            let after = cursor
+                .map(|c| admin::parse_cursor(c, "memory"))
+                .transpose()?;
+            self.with(|tenants| {
+                let mut all: Vec<&Record> = tenants
+                    .values()
+                    .flat_map(|records| records.values())
+                    .filter(|r| tenant.is_none_or(|t| r.tenant == t))
+                    .filter(|r| {
+                        after.as_ref().is_none_or(|(t, k)| {
+                            (r.tenant.as_str(), r.key.as_bytes()) > (t.as_str(), k.as_bytes())
+                        })
+                    })
+                    .collect();
+                all.sort_by(|a, b| {
+                    (&a.tenant, a.key.as_bytes()).cmp(&(&b.tenant, b.key.as_bytes()))
+                });
+                let records: Vec<Record> =
+                    all.into_iter().take(limit.max(1) + 1).cloned().collect();
+                page(records, limit.max(1))
+            })
+        })
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        resolution: Resolution<'a>,
+        reason: &'a str,
+        now: UnixMillis,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            self.with(|tenants| {
+                let Some(records) = tenants.get_mut(tenant) else {
+                    return Fenced::Lost;
+                };
+                match records.get_mut(&key) {
+                    Some(record) if admin::is_blocked(record, now) => {
+                        match resolution {
+                            Resolution::Complete { result } => {
+                                record.status = RecordStatus::Completed;
+                                record.result = Some(result.to_vec());
+                                record.token = admin::RESOLVED_TOKEN;
+                                record.note = Some(reason.to_owned());
+                            }
+                            Resolution::Release => {
+                                records.remove(&key);
+                            }
+                        }
+                        Fenced::Applied
+                    }
+                    _ => Fenced::Lost,
+                }
+            })
+        })
+    }
+}
+
+/// A page from `limit + 1` records in order: the extra one says whether there is more.
+pub(crate) fn page(mut records: Vec<Record>, limit: usize) -> Page {
+    let next = (records.len() > limit).then(|| {
+        records.truncate(limit);
+        let last = records.last().expect("a full page");
+        admin::cursor_after(&last.tenant, &last.key)
+    });
+    Page { records, next }
+}
+
 #[cfg(test)]
 mod tests {
     crate::store_conformance_tests!(async { super::MemoryStore::new() });
+    crate::admin_conformance_tests!(async { super::MemoryStore::new() });
 }

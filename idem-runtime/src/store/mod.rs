@@ -28,6 +28,7 @@ use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 
+pub mod admin;
 pub mod faulty;
 pub mod memory;
 #[cfg(feature = "postgres")]
@@ -222,6 +223,8 @@ pub struct Record {
     pub expires_at: UnixMillis,
     /// The stored result of a completed record.
     pub result: Option<Vec<u8>>,
+    /// Why an operator resolved the record, if one did.
+    pub note: Option<String>,
 }
 
 /// What [`Store::health`] reports.

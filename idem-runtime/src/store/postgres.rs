@@ -38,6 +38,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
+use super::admin::{self, AdminStore, Page, Resolution};
 use super::replay_cache::{self, ReplayCache};
 use super::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Store,
@@ -49,8 +50,8 @@ use crate::key::IdempotencyKey;
 
 const BACKEND: &str = "postgres";
 
-/// The schema version this build writes (2 added the `unknown` status and the orphan policy of
-/// `idem_claim`; a version-1 schema is upgraded on open).
+/// The schema version this build writes (2 added the `unknown` status, the orphan policy of
+/// `idem_claim` and the operator's `note`; a version-1 schema is upgraded on open).
 pub const SCHEMA_VERSION: u32 = 2;
 
 /// A constant for `pg_advisory_xact_lock`, so migrations of one database run one at a time.
@@ -158,6 +159,14 @@ fn is_identifier(s: &str) -> bool {
         && s.len() <= 63
 }
 
+/// The columns of a [`Record`], in [`decode_record`]'s order.
+const COLUMNS: &str = "tenant, key, tool, fingerprint, status, token, lease_expires_at, \
+     created_at, expires_at, result, note";
+
+/// The condition of a record an operator may resolve (`$3` is now).
+const BLOCKED: &str = "tenant = $1 AND key = $2 \
+     AND (status = 'unknown' OR (status = 'in_flight' AND lease_expires_at <= $3))";
+
 /// The SQL of one schema, with its name substituted once.
 #[derive(Debug)]
 struct Sql {
@@ -165,6 +174,9 @@ struct Sql {
     complete: String,
     release: String,
     lookup: String,
+    scan: String,
+    resolve_complete: String,
+    resolve_release: String,
     purge: String,
     version: String,
 }
@@ -186,10 +198,16 @@ impl Sql {
                 "DELETE FROM {t} WHERE tenant = $1 AND key = $2 AND token = $3 \
                  AND status = 'in_flight' RETURNING 1"
             ),
-            lookup: format!(
-                "SELECT tenant, key, tool, fingerprint, status, token, lease_expires_at, \
-                 created_at, expires_at, result FROM {t} WHERE tenant = $1 AND key = $2"
+            lookup: format!("SELECT {COLUMNS} FROM {t} WHERE tenant = $1 AND key = $2"),
+            scan: format!(
+                "SELECT {COLUMNS} FROM {t} WHERE ($1::text IS NULL OR tenant = $1) \
+                 AND (tenant, key) > ($2, $3) ORDER BY tenant, key LIMIT $4"
             ),
+            resolve_complete: format!(
+                "UPDATE {t} SET status = 'completed', result = $4, note = $5, token = 0 \
+                 WHERE {BLOCKED} RETURNING 1"
+            ),
+            resolve_release: format!("DELETE FROM {t} WHERE {BLOCKED} RETURNING 1"),
             purge: format!(
                 "DELETE FROM {t} WHERE (tenant, key) IN (SELECT tenant, key FROM {t} \
                  WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1"
@@ -215,8 +233,10 @@ CREATE TABLE IF NOT EXISTS {s}.idem_records (
     created_at       bigint   NOT NULL,
     expires_at       bigint   NOT NULL,
     result           bytea,
+    note             text,
     PRIMARY KEY (tenant, key)
 );
+ALTER TABLE {s}.idem_records ADD COLUMN IF NOT EXISTS note text;
 CREATE INDEX IF NOT EXISTS idem_records_expires_at ON {s}.idem_records (expires_at);
 
 -- The claim: DESIGN §2 in one call. Orphans (p_orphans): 0 take over, 1 reconcile (take over
@@ -771,7 +791,101 @@ fn decode_record(row: &Row) -> Result<Record, StoreError> {
         created_at: time(7),
         expires_at: time(8),
         result: row.get(9),
+        note: row.get(10),
     })
+}
+
+impl AdminStore for PostgresStore {
+    fn server_time(&self) -> StoreFuture<'_, Option<UnixMillis>> {
+        Box::pin(async move {
+            let rows = self
+                .query(
+                    "reading the server's clock",
+                    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                    &[],
+                )
+                .await?;
+            Ok(rows.first().map(|r| r.get::<_, i64>(0).max(0) as u64))
+        })
+    }
+
+    fn scan<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> StoreFuture<'a, Page> {
+        Box::pin(async move {
+            let (after_tenant, after_key) = match cursor {
+                Some(c) => {
+                    let (t, k) = admin::parse_cursor(c, BACKEND)?;
+                    (t, k.as_bytes().to_vec())
+                }
+                None => (String::new(), Vec::new()),
+            };
+            let limit = limit.max(1);
+            let fetch = i64::try_from(limit + 1).unwrap_or(i64::MAX);
+            let rows = self
+                .query(
+                    "scan",
+                    &self.inner.sql.scan,
+                    &[&tenant, &after_tenant, &after_key, &fetch],
+                )
+                .await?;
+            let records = rows
+                .iter()
+                .map(decode_record)
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(super::memory::page(records, limit))
+        })
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        resolution: Resolution<'a>,
+        reason: &'a str,
+        now: UnixMillis,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let (k, now) = (&key.as_bytes()[..], db_time(now));
+            let changed = match resolution {
+                Resolution::Complete { result } => {
+                    self.query(
+                        "resolve",
+                        &self.inner.sql.resolve_complete,
+                        &[&tenant, &k, &now, &result, &reason],
+                    )
+                    .await?
+                }
+                Resolution::Release => {
+                    self.query(
+                        "resolve",
+                        &self.inner.sql.resolve_release,
+                        &[&tenant, &k, &now],
+                    )
+                    .await?
+                }
+            };
+            if !changed.is_empty() {
+                return Ok(Fenced::Applied);
+            }
+            // Nothing changed: maybe an earlier delivery of this very resolution did it.
+            let ours = match resolution {
+                Resolution::Complete { result } => {
+                    self.lookup(tenant, key).await?.is_some_and(|r| {
+                        r.status == RecordStatus::Completed
+                            && r.token == admin::RESOLVED_TOKEN
+                            && r.note.as_deref() == Some(reason)
+                            && r.result.as_deref() == Some(result)
+                    })
+                }
+                Resolution::Release => false,
+            };
+            Ok(if ours { Fenced::Applied } else { Fenced::Lost })
+        })
+    }
 }
 
 #[cfg(test)]
@@ -798,13 +912,15 @@ mod tests {
     }
 
     mod conformance {
-        crate::store_conformance_tests!(maybe: async {
+        async fn store() -> Option<super::PostgresStore> {
             let url = crate::store::conformance::test_server_url("IDEM_TEST_POSTGRES_URL")?;
             Some(
                 super::PostgresStore::open_url(&url)
                     .await
                     .expect("IDEM_TEST_POSTGRES_URL names a reachable server"),
             )
-        });
+        }
+        crate::store_conformance_tests!(maybe: store());
+        crate::admin_conformance_tests!(maybe: store());
     }
 }

@@ -53,6 +53,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
+use super::admin::{self, AdminStore, Page, Resolution};
 use super::replay_cache::{self, ReplayCache};
 use super::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Store,
@@ -143,6 +144,37 @@ end
 return 0
 ";
 
+/// An operator's resolution of a blocked record. KEYS: the record, its note. ARGV: `c`
+/// (complete) or `r` (release), the result, the reason, now. 1: applied (now, or by an earlier
+/// delivery of this very resolution), 0: the record is gone or not blocked.
+const RESOLVE: &str = r"
+local k, note = KEYS[1], KEYS[2]
+local v = redis.call('GET', k)
+if not v then return 0 end
+local status = string.sub(v, 33, 33)
+local head = 104 + tonumber(string.sub(v, 101, 104))
+local resolved = '0000000000000000000'
+if status == 'c' then
+  if ARGV[1] == 'c' and string.sub(v, 82, 100) == resolved and string.sub(v, head + 1) == ARGV[2]
+    and redis.call('GET', note) == ARGV[3] then return 1 end
+  return 0
+end
+if status == 'i' and tonumber(string.sub(v, 50, 65)) > tonumber(ARGV[4]) then return 0 end
+if ARGV[1] == 'r' then
+  redis.call('DEL', k, note)
+  return 1
+end
+redis.call('SET', k, string.sub(v, 1, 32) .. 'c' .. string.sub(v, 34, 81) .. resolved
+  .. string.sub(v, 101, head) .. ARGV[2], 'KEEPTTL')
+local ttl = redis.call('PTTL', k)
+if ttl > 0 then
+  redis.call('SET', note, ARGV[3], 'PX', ttl)
+else
+  redis.call('SET', note, ARGV[3])
+end
+return 1
+";
+
 /// Options of a [`RedisStore`], usually taken from the URL.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
@@ -226,6 +258,7 @@ struct Scripts {
     claim: Script,
     complete: Script,
     release: Script,
+    resolve: Script,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -356,6 +389,7 @@ impl RedisStore {
                 claim: Script::new(CLAIM),
                 complete: Script::new(COMPLETE),
                 release: Script::new(RELEASE),
+                resolve: Script::new(RESOLVE),
             }),
             replays: std::sync::Arc::new(ReplayCache::new(options.replay_cache)),
         };
@@ -413,10 +447,13 @@ impl RedisStore {
         &self,
         op: &str,
         script: &Script,
-        key: &str,
+        keys: &[&str],
         args: &[&[u8]],
     ) -> Result<T, StoreError> {
-        let mut invocation = script.key(key);
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
         for arg in args {
             invocation.arg(*arg);
         }
@@ -471,6 +508,7 @@ fn decode_record(tenant: &str, key: IdempotencyKey, v: &[u8]) -> Result<Record, 
             RecordStatus::Completed | RecordStatus::Unknown => Some(v[tool_end..].to_vec()),
             RecordStatus::InFlight => None,
         },
+        note: None,
     })
 }
 
@@ -511,7 +549,7 @@ impl Store for RedisStore {
                 .invoke(
                     OP,
                     &self.scripts.claim,
-                    &self.record_key(req.tenant, &req.key),
+                    &[&self.record_key(req.tenant, &req.key)],
                     &[
                         req.fingerprint.as_bytes(),
                         now.as_bytes(),
@@ -566,7 +604,7 @@ impl Store for RedisStore {
                 .invoke(
                     "complete",
                     &self.scripts.complete,
-                    &self.record_key(c.tenant, &c.key),
+                    &[&self.record_key(c.tenant, &c.key)],
                     &[
                         token.as_bytes(),
                         c.result,
@@ -599,7 +637,7 @@ impl Store for RedisStore {
                 .invoke(
                     "release",
                     &self.scripts.release,
-                    &self.record_key(tenant, &key),
+                    &[&self.record_key(tenant, &key)],
                     &[token.as_bytes()],
                 )
                 .await?;
@@ -618,12 +656,16 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
             const OP: &str = "lookup";
-            let value: Option<Vec<u8>> = redis::cmd("GET")
-                .arg(self.record_key(tenant, &key))
+            let record = self.record_key(tenant, &key);
+            let (value, note): (Option<Vec<u8>>, Option<String>) = redis::pipe()
+                .get(&record)
+                .get(format!("{record}:note"))
                 .query_async(&mut self.conn.clone())
                 .await
                 .map_err(|e| redis_error(OP, e))?;
-            value.map(|v| decode_record(tenant, key, &v)).transpose()
+            value
+                .map(|v| decode_record(tenant, key, &v).map(|r| Record { note, ..r }))
+                .transpose()
         })
     }
 
@@ -672,6 +714,114 @@ impl Store for RedisStore {
                 expected_schema_version: SCHEMA_VERSION,
                 durable,
                 detail,
+            })
+        })
+    }
+}
+
+/// Decodes `HEX(tenant)` and `HEX(key)` out of `PREFIX:{HEX(tenant)}:HEX(key)`.
+fn parse_record_key(prefix: &str, name: &str) -> Option<(String, IdempotencyKey)> {
+    let rest = name.strip_prefix(prefix)?.strip_prefix(":{")?;
+    let (tenant, key) = rest.split_once("}:")?;
+    let tenant = String::from_utf8(admin::unhex(tenant)?).ok()?;
+    let key: [u8; 32] = admin::unhex(key)?.try_into().ok()?;
+    Some((tenant, IdempotencyKey::from_bytes(key)))
+}
+
+impl AdminStore for RedisStore {
+    fn server_time(&self) -> StoreFuture<'_, Option<UnixMillis>> {
+        Box::pin(async move {
+            let (secs, micros): (u64, u64) = redis::cmd("TIME")
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| redis_error("reading the server's clock", e))?;
+            Ok(Some(secs * 1000 + micros / 1000))
+        })
+    }
+
+    /// Walks the keyspace with `SCAN` (a page may hold more than `limit` records, and records
+    /// come in no particular order).
+    fn scan<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> StoreFuture<'a, Page> {
+        Box::pin(async move {
+            const OP: &str = "scan";
+            let pattern = match tenant {
+                Some(t) => format!("{}:{{{}}}:*", self.prefix, admin::hex(t.as_bytes())),
+                None => format!("{}:{{*}}:*", self.prefix),
+            };
+            let mut position: u64 = match cursor {
+                Some(c) => c.parse().map_err(|_| {
+                    StoreError::new(
+                        BACKEND,
+                        StoreErrorKind::Other,
+                        "scan: the cursor is not one this store made",
+                    )
+                })?,
+                None => 0,
+            };
+            let mut records = Vec::new();
+            let mut conn = self.conn.clone();
+            loop {
+                let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(position)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(limit.clamp(100, 10_000))
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| redis_error(OP, e))?;
+                for name in names.iter().filter(|n| !n.ends_with(":note")) {
+                    let Some((tenant, key)) = parse_record_key(&self.prefix, name) else {
+                        continue;
+                    };
+                    if let Some(record) = self.lookup(&tenant, key).await? {
+                        records.push(record);
+                    }
+                }
+                position = next;
+                if position == 0 || records.len() >= limit.max(1) {
+                    break;
+                }
+            }
+            Ok(Page {
+                records,
+                next: (position != 0).then(|| position.to_string()),
+            })
+        })
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        resolution: Resolution<'a>,
+        reason: &'a str,
+        now: UnixMillis,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let record = self.record_key(tenant, &key);
+            let note = format!("{record}:note");
+            let (action, result): (&[u8], &[u8]) = match resolution {
+                Resolution::Complete { result } => (b"c", result),
+                Resolution::Release => (b"r", b""),
+            };
+            let applied: i64 = self
+                .invoke(
+                    "resolve",
+                    &self.scripts.resolve,
+                    &[&record, &note],
+                    &[action, result, reason.as_bytes(), time_arg(now).as_bytes()],
+                )
+                .await?;
+            Ok(if applied == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
             })
         })
     }
@@ -750,13 +900,15 @@ mod tests {
     }
 
     mod conformance {
-        crate::store_conformance_tests!(maybe: async {
+        async fn store() -> Option<super::RedisStore> {
             let url = crate::store::conformance::test_server_url("IDEM_TEST_REDIS_URL")?;
             Some(
                 super::RedisStore::open_url(&url)
                     .await
                     .expect("IDEM_TEST_REDIS_URL names a reachable server"),
             )
-        });
+        }
+        crate::store_conformance_tests!(maybe: store());
+        crate::admin_conformance_tests!(maybe: store());
     }
 }

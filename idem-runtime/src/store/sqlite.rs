@@ -34,6 +34,7 @@ use std::time::Duration;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 use tokio::sync::oneshot;
 
+use super::admin::{self, AdminStore, Page, Resolution};
 use super::replay_cache::{self, ReplayCache};
 use super::{
     Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Held, Orphans, Record,
@@ -45,8 +46,8 @@ use crate::key::IdempotencyKey;
 
 const BACKEND: &str = "sqlite";
 
-/// The schema version this build writes (2 added the `unknown` status; a version-1 file is
-/// upgraded on open).
+/// The schema version this build writes (2 added the `unknown` status and the operator's
+/// `note`; a version-1 file is upgraded on open).
 pub const SCHEMA_VERSION: u32 = 2;
 
 /// Most operations one transaction takes.
@@ -68,6 +69,7 @@ CREATE TABLE IF NOT EXISTS idem_records (
     created_at       INTEGER NOT NULL,
     expires_at       INTEGER NOT NULL,
     result           BLOB,
+    note             TEXT,
     PRIMARY KEY (tenant, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at);
@@ -79,7 +81,10 @@ const UPGRADE_1_TO_2: [&str; 3] = [
     "ALTER TABLE idem_records RENAME TO idem_records_v1;
      DROP INDEX IF EXISTS idem_records_expires_at;",
     SCHEMA,
-    "INSERT INTO idem_records SELECT * FROM idem_records_v1;
+    "INSERT INTO idem_records (tenant, key, tool, fingerprint, status, token, lease_expires_at,
+         created_at, expires_at, result)
+     SELECT tenant, key, tool, fingerprint, status, token, lease_expires_at, created_at,
+         expires_at, result FROM idem_records_v1;
      DROP TABLE idem_records_v1;
      UPDATE idem_meta SET value = 2 WHERE name = 'schema_version';",
 ];
@@ -87,9 +92,12 @@ const UPGRADE_1_TO_2: [&str; 3] = [
 const SELECT_HELD: &str = "SELECT fingerprint, status, lease_expires_at, expires_at, result \
      FROM idem_records WHERE tenant = ?1 AND key = ?2";
 
-const SELECT_RECORD: &str = "SELECT tenant, key, tool, fingerprint, status, token, \
-     lease_expires_at, created_at, expires_at, result \
-     FROM idem_records WHERE tenant = ?1 AND key = ?2";
+const RECORD_COLUMNS: &str = "tenant, key, tool, fingerprint, status, token, \
+     lease_expires_at, created_at, expires_at, result, note";
+
+/// The condition of a record an operator may resolve (`?3` is now).
+const BLOCKED: &str = "tenant = ?1 AND key = ?2 \
+     AND (status = 'unknown' OR (status = 'in_flight' AND lease_expires_at <= ?3))";
 
 /// How hard SQLite syncs a commit to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,6 +265,14 @@ enum Op {
     Purge {
         now: UnixMillis,
         limit: usize,
+    },
+    Resolve {
+        tenant: String,
+        key: IdempotencyKey,
+        /// The result to complete with; `None` releases.
+        result: Option<Vec<u8>>,
+        reason: String,
+        now: UnixMillis,
     },
 }
 
@@ -858,6 +874,33 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, StoreError> {
                 Fenced::Lost
             }))
         }
+        Op::Resolve {
+            tenant,
+            key,
+            result,
+            reason,
+            now,
+        } => {
+            let key = &key.as_bytes()[..];
+            let n = match result {
+                Some(result) => {
+                    tx.prepare_cached(&format!(
+                        "UPDATE idem_records SET status = 'completed', result = ?4, note = ?5, \
+                         token = 0 WHERE {BLOCKED}"
+                    ))
+                    .and_then(|mut s| s.execute(params![tenant, key, db_time(now), result, reason]))
+                }
+                None => tx
+                    .prepare_cached(&format!("DELETE FROM idem_records WHERE {BLOCKED}"))
+                    .and_then(|mut s| s.execute(params![tenant, key, db_time(now)])),
+            }
+            .map_err(|e| sql_error("resolve", e))?;
+            Ok(Reply::Fenced(if n == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            }))
+        }
         Op::Purge { now, limit } => {
             let n = tx
                 .prepare_cached(
@@ -869,6 +912,26 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, StoreError> {
             Ok(Reply::Purged(n))
         }
     }
+}
+
+/// A row of [`RECORD_COLUMNS`].
+fn decode_record(op: &str, row: &rusqlite::Row<'_>) -> Result<Record, StoreError> {
+    let get = |e| sql_error(op, e);
+    let time =
+        |i| -> Result<u64, StoreError> { Ok(row.get::<_, i64>(i).map_err(get)?.max(0) as u64) };
+    Ok(Record {
+        tenant: row.get(0).map_err(get)?,
+        key: IdempotencyKey::from_bytes(bytes32(op, row.get(1).map_err(get)?)?),
+        tool: row.get(2).map_err(get)?,
+        fingerprint: Fingerprint::from_bytes(bytes32(op, row.get(3).map_err(get)?)?),
+        status: status(op, &row.get::<_, String>(4).map_err(get)?)?,
+        token: FencingToken::from_raw(row.get::<_, i64>(5).map_err(get)? as u64),
+        lease_expires_at: time(6)?,
+        created_at: time(7)?,
+        expires_at: time(8)?,
+        result: row.get(9).map_err(get)?,
+        note: row.get(10).map_err(get)?,
+    })
 }
 
 fn unexpected() -> StoreError {
@@ -977,55 +1040,19 @@ impl Store for SqliteStore {
     ) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
             self.read(|conn| {
-                type Row = (
-                    String,
-                    Vec<u8>,
-                    String,
-                    Vec<u8>,
-                    String,
-                    i64,
-                    i64,
-                    i64,
-                    i64,
-                    Option<Vec<u8>>,
+                let sql = format!(
+                    "SELECT {RECORD_COLUMNS} FROM idem_records WHERE tenant = ?1 AND key = ?2"
                 );
-                let row: Option<Row> = conn
-                    .prepare_cached(SELECT_RECORD)
-                    .and_then(|mut stmt| {
-                        stmt.query_row(params![tenant, &key.as_bytes()[..]], |r| {
-                            Ok((
-                                r.get(0)?,
-                                r.get(1)?,
-                                r.get(2)?,
-                                r.get(3)?,
-                                r.get(4)?,
-                                r.get(5)?,
-                                r.get(6)?,
-                                r.get(7)?,
-                                r.get(8)?,
-                                r.get(9)?,
-                            ))
-                        })
-                        .optional()
-                    })
+                let mut stmt = conn
+                    .prepare_cached(&sql)
                     .map_err(|e| sql_error("lookup", e))?;
-                row.map(
-                    |(tenant, key, tool, fp, st, token, lease, created, expires, result)| {
-                        Ok(Record {
-                            tenant,
-                            key: IdempotencyKey::from_bytes(bytes32("lookup", key)?),
-                            tool,
-                            fingerprint: Fingerprint::from_bytes(bytes32("lookup", fp)?),
-                            status: status("lookup", &st)?,
-                            token: FencingToken::from_raw(token as u64),
-                            lease_expires_at: lease.max(0) as u64,
-                            created_at: created.max(0) as u64,
-                            expires_at: expires.max(0) as u64,
-                            result,
-                        })
-                    },
-                )
-                .transpose()
+                let mut rows = stmt
+                    .query(params![tenant, &key.as_bytes()[..]])
+                    .map_err(|e| sql_error("lookup", e))?;
+                match rows.next().map_err(|e| sql_error("lookup", e))? {
+                    Some(row) => decode_record("lookup", row).map(Some),
+                    None => Ok(None),
+                }
             })
         })
     }
@@ -1068,6 +1095,71 @@ impl Store for SqliteStore {
     }
 }
 
+impl AdminStore for SqliteStore {
+    fn scan<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> StoreFuture<'a, Page> {
+        Box::pin(async move {
+            let (after_tenant, after_key) = match cursor {
+                Some(c) => {
+                    let (t, k) = admin::parse_cursor(c, BACKEND)?;
+                    (t, k.as_bytes().to_vec())
+                }
+                None => (String::new(), Vec::new()),
+            };
+            let limit = limit.max(1);
+            let records = self.read(|conn| {
+                let sql = format!(
+                    "SELECT {RECORD_COLUMNS} FROM idem_records \
+                     WHERE (?1 IS NULL OR tenant = ?1) AND (tenant, key) > (?2, ?3) \
+                     ORDER BY tenant, key LIMIT ?4"
+                );
+                let mut stmt = conn
+                    .prepare_cached(&sql)
+                    .map_err(|e| sql_error("scan", e))?;
+                let mut rows = stmt
+                    .query(params![tenant, after_tenant, after_key, (limit + 1) as i64])
+                    .map_err(|e| sql_error("scan", e))?;
+                let mut records = Vec::new();
+                while let Some(row) = rows.next().map_err(|e| sql_error("scan", e))? {
+                    records.push(decode_record("scan", row)?);
+                }
+                Ok(records)
+            })?;
+            Ok(super::memory::page(records, limit))
+        })
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        resolution: Resolution<'a>,
+        reason: &'a str,
+        now: UnixMillis,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let op = Op::Resolve {
+                tenant: tenant.to_owned(),
+                key,
+                result: match resolution {
+                    Resolution::Complete { result } => Some(result.to_vec()),
+                    Resolution::Release => None,
+                },
+                reason: reason.to_owned(),
+                now,
+            };
+            match self.write(op).await? {
+                Reply::Fenced(f) => Ok(f),
+                _ => Err(unexpected()),
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1079,6 +1171,7 @@ mod tests {
     }
 
     crate::store_conformance_tests!(temp_store());
+    crate::admin_conformance_tests!(temp_store());
 
     #[test]
     fn url_options_are_parsed_and_checked() {

@@ -1,0 +1,319 @@
+//! Every subcommand of `idem`, run as a process against a store filled through the store API:
+//! on SQLite always, on Postgres and Redis when `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL`
+//! name servers (each test in a schema or key prefix of its own). No output may contain a key.
+
+use std::process::{Command, Output};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem_runtime::Fingerprint;
+use idem_runtime::key::{IdempotencyKey, KeyPart, derive_key};
+use idem_runtime::store::admin;
+use idem_runtime::store::conformance::test_server_url;
+use idem_runtime::store::{Claim, ClaimRequest, Completion, Orphans, RecordStatus};
+
+const TENANT: &str = "tenant-cli";
+const SECRET: &str = "secret-run";
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn key(n: u32) -> IdempotencyKey {
+    derive_key(
+        TENANT,
+        "payments.charge",
+        &[KeyPart::new(&format!("{SECRET}-{n}")).unwrap()],
+    )
+}
+
+fn idem(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["--store", url])
+        .args(args)
+        .env_remove("IDEM_STORE_URL")
+        .output()
+        .expect("run idem")
+}
+
+/// Runs `idem`, checks the exit code and that no key leaks, and returns stdout.
+fn ok(url: &str, args: &[&str], code: i32) -> String {
+    let out = idem(url, args);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "idem {args:?}\n{stdout}\n{stderr}"
+    );
+    for n in 0..6 {
+        let full: String = key(n)
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        for text in [&stdout, &stderr] {
+            assert!(!text.contains(SECRET), "a key part leaked: {text}");
+            assert!(!text.contains(&full), "a whole key digest leaked: {text}");
+        }
+    }
+    stdout
+}
+
+/// Fills the store: 0–2 completed, 3 unknown, 4 orphaned (lease lapsed), 5 expired.
+async fn fill(url: &str) {
+    let store = admin::open(url).await.expect("open");
+    let t = now();
+    for n in 0..6u32 {
+        let (created, lease, ttl) = match n {
+            4 => (
+                t - 120_000,
+                Duration::from_secs(30),
+                Duration::from_secs(3600),
+            ),
+            5 => (
+                t - 7_200_000,
+                Duration::from_secs(30),
+                Duration::from_secs(3600),
+            ),
+            _ => (t, Duration::from_secs(30), Duration::from_secs(3600)),
+        };
+        let claim = store
+            .claim(ClaimRequest {
+                tenant: TENANT,
+                key: key(n),
+                tool: "payments.charge",
+                fingerprint: Fingerprint::from_bytes([n as u8; 32]),
+                now: created,
+                lease,
+                ttl,
+                orphans: Orphans::TakeOver,
+            })
+            .await
+            .expect("claim");
+        let Claim::Acquired { token, .. } = claim else {
+            panic!("{claim:?}")
+        };
+        let status = match n {
+            0..=2 => RecordStatus::Completed,
+            3 => RecordStatus::Unknown,
+            _ => continue,
+        };
+        let result = format!("{{\"ok\":{{\"charge\":{n}}}}}");
+        store
+            .complete(Completion {
+                tenant: TENANT,
+                key: key(n),
+                token,
+                status,
+                result: result.as_bytes(),
+                now: created,
+                ttl,
+            })
+            .await
+            .expect("complete");
+    }
+}
+
+fn hash(n: u32) -> String {
+    key(n).short_hash().to_string()
+}
+
+async fn every_subcommand(url: &str, backend: &str) {
+    fill(url).await;
+
+    let doctor = ok(url, &["doctor"], if backend == "redis" { 1 } else { 0 });
+    assert!(doctor.contains(backend), "{doctor}");
+    assert!(doctor.contains("version 2"), "{doctor}");
+    let doctor: serde_json::Value = serde_json::from_str(&ok(
+        url,
+        &["doctor", "--json"],
+        if backend == "redis" { 1 } else { 0 },
+    ))
+    .unwrap();
+    assert_eq!(doctor["schema_version"], 2);
+    if backend != "sqlite" {
+        assert!(doctor["clock_skew_ms"].is_i64(), "{doctor}");
+    }
+
+    assert!(ok(url, &["migrate"], 0).contains("schema version 2"));
+
+    let stats: serde_json::Value =
+        serde_json::from_str(&ok(url, &["stats", "--tenant", TENANT, "--json"], 0)).unwrap();
+    assert_eq!(stats["records"], 6, "{stats}");
+    assert_eq!(stats["unknown"], 1, "{stats}");
+    assert_eq!(stats["orphaned"], 1, "{stats}");
+    assert_eq!(stats["expired_awaiting_purge"], 1, "{stats}");
+    let table = ok(url, &["stats", "--tenant", TENANT], 0);
+    assert!(
+        table.contains("payments.charge") && table.contains("6 record(s)"),
+        "{table}"
+    );
+
+    let unknown = ok(url, &["list", "--tenant", TENANT, "--status", "unknown"], 0);
+    assert!(
+        unknown.contains(&hash(3)) && unknown.contains("1 record(s)"),
+        "{unknown}"
+    );
+    let old: serde_json::Value = serde_json::from_str(&ok(
+        url,
+        &["list", "--tenant", TENANT, "--older-than", "1m", "--json"],
+        0,
+    ))
+    .unwrap();
+    let old: Vec<&str> = old
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(old.len(), 2, "{old:?}");
+    assert!(old.contains(&hash(4).as_str()) && old.contains(&hash(5).as_str()));
+
+    let shown: serde_json::Value = serde_json::from_str(&ok(
+        url,
+        &["show", "--tenant", TENANT, &hash(1), "--json"],
+        0,
+    ))
+    .unwrap();
+    assert_eq!(shown["result"]["ok"]["charge"], 1);
+    assert_eq!(shown["status"], "completed");
+
+    // Resolving: a completed record is refused; the unknown one completes; the orphan releases.
+    let refused = idem(
+        url,
+        &[
+            "resolve",
+            "--tenant",
+            TENANT,
+            &hash(0),
+            "--release",
+            "--reason",
+            "x",
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("only unknown records and orphans"));
+    let done = ok(
+        url,
+        &[
+            "resolve",
+            "--tenant",
+            TENANT,
+            &hash(3),
+            "--complete",
+            r#"{"charge":3,"by":"ops"}"#,
+            "--reason",
+            "found in the bank statement",
+        ],
+        0,
+    );
+    assert!(done.contains("completed"), "{done}");
+    let store = admin::open(url).await.unwrap();
+    let record = store.lookup(TENANT, key(3)).await.unwrap().unwrap();
+    assert_eq!(record.status, RecordStatus::Completed);
+    assert_eq!(record.note.as_deref(), Some("found in the bank statement"));
+    let shown = ok(url, &["show", "--tenant", TENANT, &hash(3)], 0);
+    assert!(shown.contains("found in the bank statement"), "{shown}");
+    ok(
+        url,
+        &[
+            "resolve",
+            "--tenant",
+            TENANT,
+            &hash(4),
+            "--release",
+            "--reason",
+            "never sent",
+        ],
+        0,
+    );
+    assert!(store.lookup(TENANT, key(4)).await.unwrap().is_none());
+
+    let missing = idem(url, &["show", "--tenant", TENANT, "abcdef"]);
+    assert_eq!(missing.status.code(), Some(2));
+
+    if backend == "redis" {
+        // Expired records are gone by themselves; the fabricated one expired an hour ago.
+        let purged = ok(url, &["purge"], 0);
+        assert!(purged.contains("expire on their own"), "{purged}");
+    } else {
+        assert!(ok(url, &["purge", "--dry-run"], 0).contains("would delete 1 "));
+        assert!(ok(url, &["purge"], 0).contains("deleted 1 "));
+        assert!(ok(url, &["purge", "--dry-run"], 0).contains("would delete 0 "));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_subcommand_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    every_subcommand(&url, "sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_subcommand_on_postgres() {
+    let Some(url) = test_server_url("IDEM_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let schema = format!("idem_cli_{}", uuid::Uuid::new_v4().simple());
+    let sep = if url.contains('?') { '&' } else { '?' };
+    every_subcommand(&format!("{url}{sep}schema={schema}"), "postgres").await;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_subcommand_on_redis() {
+    let Some(url) = test_server_url("IDEM_TEST_REDIS_URL") else {
+        return;
+    };
+    let prefix = format!("idem-cli-{}", uuid::Uuid::new_v4().simple());
+    let sep = if url.contains('?') { '&' } else { '?' };
+    every_subcommand(&format!("{url}{sep}prefix={prefix}"), "redis").await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(format!("{prefix}:meta"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+#[test]
+fn bad_urls_and_unreachable_stores_are_clear_errors() {
+    for (url, expect) in [
+        ("nope", "expected `scheme://…`"),
+        ("mysql://h/db", "mysql"),
+        ("postgres://postgres@127.0.0.1:1/test", "postgres"),
+        (
+            "sqlite:///nonexistent-idem-dir/x.db",
+            "directory does not exist",
+        ),
+    ] {
+        let out = idem(url, &["doctor"]);
+        assert_eq!(out.status.code(), Some(2), "{url}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.starts_with("idem: ") && err.contains(expect),
+            "{url}: {err}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("stats")
+        .env_remove("IDEM_STORE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("IDEM_STORE_URL"));
+}

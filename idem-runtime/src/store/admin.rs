@@ -1,0 +1,131 @@
+//! What operators need of a store, apart from what every call needs ([`Store`]): walk the
+//! records, and resolve the ones nobody can decide automatically.
+//!
+//! Every built-in backend implements [`AdminStore`]; [`open`] opens one by URL, as
+//! [`Idem::open`](crate::Idem::open) does. The `idem` command-line tool is built on it.
+
+use std::sync::Arc;
+
+use super::{FencingToken, Record, RecordStatus, Store, StoreFuture, UnixMillis};
+use crate::error::OpenError;
+use crate::key::IdempotencyKey;
+
+/// How a blocked record is resolved by an operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution<'a> {
+    /// The effect happened: the record becomes `completed` with this result (encoded as the
+    /// tool stores results), and retries replay it.
+    Complete {
+        /// The encoded result.
+        result: &'a [u8],
+    },
+    /// The effect did not happen: the record is deleted, and the next call runs the body.
+    Release,
+}
+
+/// One page of [`AdminStore::scan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    /// The records of this page.
+    pub records: Vec<Record>,
+    /// Where the next page starts; `None` after the last one.
+    pub next: Option<String>,
+}
+
+/// The operations of operators: walking records and resolving blocked ones.
+pub trait AdminStore: Store {
+    /// Up to `limit` records (of `tenant` only, when given), from `cursor` (`None`: the first
+    /// page) on. Expired records that are not purged yet are included. The cursor is opaque and
+    /// backend-specific. SQL stores walk in (tenant, key) order, each record once, with exact
+    /// pages; Redis walks its keyspace with `SCAN`: in no order, pages of about `limit`, and a
+    /// record may come twice.
+    fn scan<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> StoreFuture<'a, Page>;
+
+    /// Resolves a blocked record: one that is `unknown`, or `in_flight` with a lease lapsed
+    /// by `now`. `reason` is kept with a completed record ([`Record::note`]). Answers
+    /// [`Fenced::Lost`](super::Fenced::Lost) when the record is gone or not blocked (it
+    /// completed, or its owner is alive), and then changes nothing.
+    fn resolve<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        resolution: Resolution<'a>,
+        reason: &'a str,
+        now: UnixMillis,
+    ) -> StoreFuture<'a, super::Fenced>;
+
+    /// The server's clock, for comparing with the callers' (a claim's lease and TTL are
+    /// measured by the caller's clock). `None` for embedded stores, whose clock is the caller's.
+    fn server_time(&self) -> StoreFuture<'_, Option<UnixMillis>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// Whether `record` is blocked at `now`: `unknown`, or `in_flight` with a lapsed lease.
+pub fn is_blocked(record: &Record, now: UnixMillis) -> bool {
+    match record.status {
+        RecordStatus::Unknown => true,
+        RecordStatus::InFlight => record.lease_expires_at <= now,
+        RecordStatus::Completed => false,
+    }
+}
+
+/// A token no claim ever hands out (claims give 1 and up), to mark a record an operator
+/// resolved.
+pub const RESOLVED_TOKEN: FencingToken = FencingToken::from_raw(0);
+
+/// Opens the store named by `url` for administration (the same URLs as
+/// [`Idem::open`](crate::Idem::open)).
+pub async fn open(url: &str) -> Result<Arc<dyn AdminStore>, OpenError> {
+    crate::runtime::open_store(url).await
+}
+
+/// The cursor after the record (`tenant`, `key`), for backends that walk in (tenant, key) order.
+pub(crate) fn cursor_after(tenant: &str, key: &IdempotencyKey) -> String {
+    let mut out = hex(tenant.as_bytes());
+    out.push(':');
+    out.push_str(&hex(key.as_bytes()));
+    out
+}
+
+/// Parses [`cursor_after`].
+pub(crate) fn parse_cursor(
+    cursor: &str,
+    backend: &'static str,
+) -> Result<(String, IdempotencyKey), crate::error::StoreError> {
+    let bad = || {
+        crate::error::StoreError::new(
+            backend,
+            crate::error::StoreErrorKind::Other,
+            "scan: the cursor is not one this store made",
+        )
+    };
+    let (tenant, key) = cursor.split_once(':').ok_or_else(bad)?;
+    let tenant = String::from_utf8(unhex(tenant).ok_or_else(bad)?).map_err(|_| bad())?;
+    let key: [u8; 32] = unhex(key).ok_or_else(bad)?.try_into().map_err(|_| bad())?;
+    Ok((tenant, IdempotencyKey::from_bytes(key)))
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
