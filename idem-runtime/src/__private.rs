@@ -318,6 +318,7 @@ where
     R: ToolResult,
     F: Future<Output = R>,
 {
+    crate::registry::write_report_from_env(None);
     match found {
         Ok(Some(value)) => Ok(Outcome::Replayed(value)),
         // Nothing happened yet: the body runs as a natural tool's does.
@@ -338,6 +339,7 @@ where
     R: ToolResult,
     F: Future<Output = R>,
 {
+    crate::registry::write_report_from_env(None);
     body.await
         .into_result()
         .map(Outcome::Fresh)

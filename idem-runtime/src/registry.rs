@@ -467,7 +467,44 @@ pub fn report() -> Report {
     Report::new(tools(), DEFAULT_TTL, DEFAULT_LEASE)
 }
 
+/// The environment variable that makes any binary linking `#[idempotent]` tools write their
+/// report: `IDEM_REPORT=tools.md` (Markdown) or `IDEM_REPORT=tools.json` (JSON), written when
+/// the binary builds its first [`Idem`] runtime, with that runtime's defaults.
+pub const REPORT_ENV: &str = "IDEM_REPORT";
+
+/// Writes the report where [`REPORT_ENV`] says, once per process: with `idem`'s defaults when
+/// a runtime is being built, else (a tool that needs no runtime ran first) with the built-in
+/// ones. An error is told on stderr (the variable asked for the file) and the program goes on.
+pub(crate) fn write_report_from_env(idem: Option<&Idem>) {
+    static WRITTEN: std::sync::Once = std::sync::Once::new();
+    if WRITTEN.is_completed() {
+        return;
+    }
+    let Some(path) = std::env::var_os(REPORT_ENV).filter(|p| !p.is_empty()) else {
+        return;
+    };
+    WRITTEN.call_once(|| {
+        let report = idem.map_or_else(report, Idem::report);
+        if let Err(e) = report.write(&path) {
+            eprintln!(
+                "idem: {REPORT_ENV} asked for the tool report at {}, which could not be written: {e}",
+                std::path::Path::new(&path).display()
+            );
+        }
+    });
+}
+
 impl Report {
+    /// Writes the report to `path`: JSON when it ends in `.json`, Markdown otherwise.
+    pub fn write(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        let path = path.as_ref();
+        let text = match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => self.to_json() + "\n",
+            _ => self.to_markdown(),
+        };
+        std::fs::write(path, text)
+    }
+
     /// A report of `tools` with the given defaults (see also [`Idem::report`]).
     pub fn new(
         mut tools: Vec<&'static ToolInfo>,
@@ -573,6 +610,21 @@ impl Idem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_is_written_as_json_or_markdown_by_extension() {
+        let dir = std::env::temp_dir().join(format!("idem-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let report = Report::new(vec![&A], DEFAULT_TTL, DEFAULT_LEASE);
+        report.write(dir.join("tools.json")).unwrap();
+        report.write(dir.join("tools.md")).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("tools.json")).unwrap()).unwrap();
+        assert_eq!(json["tools"][0]["name"], "payments.register");
+        let md = std::fs::read_to_string(dir.join("tools.md")).unwrap();
+        assert!(md.starts_with("# Idempotent tools"), "{md}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     static A: ToolInfo = ToolInfo::new("payments.register", "register", "m", "f.rs", 1)
         .stable_name()

@@ -214,7 +214,7 @@ impl IdemBuilder {
     }
 
     fn build_arc(self, store: Arc<dyn Store>) -> Idem {
-        Idem {
+        let idem = Idem {
             inner: Arc::new(Inner {
                 store,
                 ttl: self.ttl,
@@ -222,7 +222,9 @@ impl IdemBuilder {
                 retry_window: self.retry_window.unwrap_or(self.ttl),
                 clock: self.clock,
             }),
-        }
+        };
+        crate::registry::write_report_from_env(Some(&idem));
+        idem
     }
 
     /// Opens the store named by `url`:
