@@ -1,0 +1,343 @@
+//! Collects idem's criterion results into `docs/benchmarks.md` (tables: each path next to its
+//! raw-store baseline from the same run, concurrency 1/8/64, the HTTP layer) and
+//! `docs/benchmarks.svg` (calls/s against concurrent callers, per backend).
+//!
+//! ```text
+//! cargo run -p bench-report -- --run     # runs `cargo bench` for sqlite, shared, http, then writes
+//! cargo run -p bench-report              # writes from the results of an earlier `cargo bench`
+//! ```
+//!
+//! The Postgres and Redis rows need `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL` when the
+//! benches run; a backend with no results is left out and says so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use plotters::prelude::*;
+
+const CALLERS: [u64; 3] = [1, 8, 64];
+
+/// The criterion results of one run.
+struct Results {
+    dir: PathBuf,
+}
+
+impl Results {
+    /// Median nanoseconds per call of `group/bench`.
+    fn median(&self, group: &str, bench: &str) -> Option<f64> {
+        let path = self.dir.join(group).join(bench).join("new/estimates.json");
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+        json["median"]["point_estimate"].as_f64()
+    }
+
+    fn per_second(&self, group: &str, bench: &str) -> Option<f64> {
+        self.median(group, bench).map(|ns| 1e9 / ns)
+    }
+}
+
+/// A backend's groups and benches in the criterion output.
+struct Backend {
+    name: &'static str,
+    replay: &'static str,
+    fresh: &'static str,
+    concurrent: &'static str,
+    raw_replay: &'static str,
+    raw_fresh: &'static str,
+    raw_replay_label: &'static str,
+    raw_fresh_label: &'static str,
+}
+
+const BACKENDS: [Backend; 3] = [
+    Backend {
+        name: "SQLite",
+        replay: "replay",
+        fresh: "fresh",
+        concurrent: "fresh_concurrent",
+        raw_replay: "raw_select",
+        raw_fresh: "raw_insert_update",
+        raw_replay_label: "SELECT + deserialize",
+        raw_fresh_label: "INSERT + UPDATE, same durability",
+    },
+    Backend {
+        name: "Postgres",
+        replay: "postgres_replay",
+        fresh: "postgres_fresh",
+        concurrent: "postgres_fresh_concurrent",
+        raw_replay: "raw_lookup",
+        raw_fresh: "raw_two_writes",
+        raw_replay_label: "SELECT + deserialize",
+        raw_fresh_label: "INSERT … ON CONFLICT, then UPDATE",
+    },
+    Backend {
+        name: "Redis",
+        replay: "redis_replay",
+        fresh: "redis_fresh",
+        concurrent: "redis_fresh_concurrent",
+        raw_replay: "raw_lookup",
+        raw_fresh: "raw_two_writes",
+        raw_replay_label: "GET + deserialize",
+        raw_fresh_label: "SET NX PX, then SET",
+    },
+];
+
+fn rate(x: Option<f64>) -> String {
+    x.map_or("—".into(), |v| format!("{v:.0}"))
+}
+
+fn ratio(ours: Option<f64>, base: Option<f64>) -> String {
+    match (ours, base) {
+        (Some(o), Some(b)) => format!("{:.2}×", o / b),
+        _ => "—".into(),
+    }
+}
+
+/// Today's date (UTC), from the system clock.
+fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    // Howard Hinnant's civil-from-days.
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+/// What this machine is, as far as the report needs.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or("unknown memory".into(), |kb| {
+            format!("{} GiB", kb / (1024 * 1024))
+        });
+    format!(
+        "{cpu}, {cores} vCPU, {memory}, {} {}",
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}
+
+fn markdown(results: &Results) -> String {
+    let mut out = String::from("# Benchmarks\n\n");
+    out.push_str(&format!(
+        "Measured on {} ({}), with criterion; each figure is a median, and every ratio compares two \
+         figures of the same run on the same server. Generated by `cargo run -p bench-report -- --run`.\n\n",
+        today(),
+        machine()
+    ));
+    out.push_str("## Each call next to a raw store doing the same writes\n\n");
+    out.push_str("| backend | path | idem calls/s | raw baseline | baseline calls/s | ratio |\n");
+    out.push_str("|---|---|---|---|---|---|\n");
+    let mut missing = Vec::new();
+    for b in &BACKENDS {
+        if results.median(b.fresh, "idem").is_none() {
+            missing.push(b.name);
+            continue;
+        }
+        let rows = [
+            (
+                "replay",
+                results.per_second(b.replay, "idem"),
+                b.raw_replay_label,
+                results.per_second(b.replay, b.raw_replay),
+            ),
+            (
+                "replay, cache off",
+                results.per_second(b.replay, "idem_no_cache"),
+                b.raw_replay_label,
+                results.per_second(b.replay, b.raw_replay),
+            ),
+            (
+                "fresh",
+                results.per_second(b.fresh, "idem"),
+                b.raw_fresh_label,
+                results.per_second(b.fresh, b.raw_fresh),
+            ),
+        ];
+        for (path, ours, label, base) in rows {
+            out.push_str(&format!(
+                "| {} | {path} | {} | {label} | {} | {} |\n",
+                b.name,
+                rate(ours),
+                rate(base),
+                ratio(ours, base)
+            ));
+        }
+    }
+    out.push_str("\n## Fresh calls with concurrent callers\n\n");
+    out.push_str("Calls/s with 1, 8 and 64 callers making new intents at once, and 64 callers against one.\n\n");
+    out.push_str(
+        "| backend | 1 caller | 8 callers | 64 callers | 64 vs 1 |\n|---|---|---|---|---|\n",
+    );
+    for b in &BACKENDS {
+        let at = |n: u64| results.per_second(b.concurrent, &format!("idem/{n}"));
+        if at(1).is_none() {
+            continue;
+        }
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            b.name,
+            rate(at(1)),
+            rate(at(8)),
+            rate(at(64)),
+            ratio(at(64), at(1))
+        ));
+    }
+    out.push_str("\n![calls/s against concurrent callers](benchmarks.svg)\n");
+    let plain = results.median("http", "plain");
+    if plain.is_some() {
+        out.push_str("\n## The HTTP layer\n\n");
+        out.push_str(
+            "The same axum handler in process with and without `IdempotencyLayer`, on the memory store.\n\n",
+        );
+        out.push_str("| path | with the layer | without | time ratio |\n|---|---|---|---|\n");
+        for path in ["fresh", "replay"] {
+            let ours = results.median("http", path);
+            let us = |x: Option<f64>| x.map_or("—".into(), |v| format!("{:.1} µs", v / 1e3));
+            out.push_str(&format!(
+                "| {path} | {} | {} | {} |\n",
+                us(ours),
+                us(plain),
+                ratio(ours, plain)
+            ));
+        }
+    }
+    if !missing.is_empty() {
+        out.push_str(&format!(
+            "\nNo results for {} in this run (set `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL`).\n",
+            missing.join(", ")
+        ));
+    }
+    out
+}
+
+fn chart(results: &Results, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let series: Vec<(&str, Vec<(f64, f64)>)> = BACKENDS
+        .iter()
+        .map(|b| {
+            let points = CALLERS
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| {
+                    results
+                        .per_second(b.concurrent, &format!("idem/{n}"))
+                        .map(|r| (i as f64, r))
+                })
+                .collect();
+            (b.name, points)
+        })
+        .filter(|(_, p): &(&str, Vec<(f64, f64)>)| !p.is_empty())
+        .collect();
+    let top = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|(_, r)| *r))
+        .fold(1.0, f64::max)
+        * 1.15;
+    let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "idem: fresh calls/s against concurrent callers",
+            ("sans-serif", 20),
+        )
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.2f64..2.2f64, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_labels(3)
+        .x_label_formatter(&|x| {
+            CALLERS
+                .get(x.round() as usize)
+                .map_or(String::new(), |n| format!("{n} caller(s)"))
+        })
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .y_desc("calls/s")
+        .draw()?;
+    let colors = [RED, BLUE, GREEN];
+    for ((name, points), color) in series.iter().zip(colors) {
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(*name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let run = std::env::args().any(|a| a == "--run");
+    if run {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(&root)
+            .args([
+                "bench", "-p", "idem", "--bench", "sqlite", "--bench", "shared", "--bench", "http",
+            ])
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!("bench-report: `cargo bench` failed");
+            return ExitCode::from(1);
+        }
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let results = Results {
+        dir: target.join("tmp/criterion"),
+    };
+    if results.median("fresh", "idem").is_none() && results.median("http", "plain").is_none() {
+        eprintln!(
+            "bench-report: no criterion results under {}; run with --run (or `cargo bench` first)",
+            results.dir.display()
+        );
+        return ExitCode::from(1);
+    }
+    let docs = root.join("docs");
+    if let Err(e) = std::fs::create_dir_all(&docs)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            std::fs::write(docs.join("benchmarks.md"), markdown(&results))
+                .map_err(|e| e.to_string())
+        })
+        .and_then(|()| chart(&results, &docs.join("benchmarks.svg")).map_err(|e| e.to_string()))
+    {
+        eprintln!("bench-report: {e}");
+        return ExitCode::from(1);
+    }
+    println!("wrote docs/benchmarks.md and docs/benchmarks.svg");
+    ExitCode::SUCCESS
+}
