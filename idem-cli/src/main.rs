@@ -7,6 +7,8 @@
 //! idem show --tenant tenant-a 3f2a9c01d4e5
 //! idem resolve --tenant tenant-a 3f2a9c01d4e5 --release --reason "never reached the bank"
 //! idem purge --dry-run
+//! idem dlq list --tenant tenant-a
+//! idem dlq ack --tenant tenant-a 9c0e4f1a2b3d
 //! ```
 //!
 //! Every command works against any store URL (`--store`, or `IDEM_STORE_URL`), prints tables
@@ -20,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use idem_runtime::retry::{DEAD_LETTER_TOOL, DeadLetter};
 use idem_runtime::store::admin::{self, AdminStore, Resolution};
 use idem_runtime::store::{Fenced, Record, RecordStatus, UnixMillis};
 use serde_json::json;
@@ -86,6 +89,11 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// The dead-letter queue: steps the retry executor gave up on.
+    Dlq {
+        #[command(subcommand)]
+        command: Dlq,
+    },
     /// Delete expired records in batches.
     Purge {
         /// Count what would be deleted, delete nothing.
@@ -94,6 +102,24 @@ enum Command {
         /// Records per batch.
         #[arg(long, default_value_t = 1000)]
         batch: usize,
+    },
+}
+
+#[derive(Subcommand)]
+enum Dlq {
+    /// List the entries (of one tenant).
+    List {
+        /// Only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Remove an entry once it is handled.
+    Ack {
+        /// The tenant.
+        #[arg(long)]
+        tenant: String,
+        /// The entry's id, as `idem dlq list` prints it.
+        id: String,
     },
 }
 
@@ -222,6 +248,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             resolve(&store, &tenant, &key, resolution, &reason, json).await
         }
         Command::Purge { dry_run, batch } => purge(&store, dry_run, batch, json).await,
+        Command::Dlq {
+            command: Dlq::List { tenant },
+        } => dlq_list(&store, tenant.as_deref(), json).await,
+        Command::Dlq {
+            command: Dlq::Ack { tenant, id },
+        } => dlq_ack(&store, &tenant, &id, json).await,
     }
 }
 
@@ -687,6 +719,69 @@ async fn purge(
         );
     } else {
         println!("{verb} {deleted} expired record(s)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn dlq_list(
+    store: &Arc<dyn AdminStore>,
+    tenant: Option<&str>,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    let mut letters: Vec<DeadLetter> = Vec::new();
+    every_record(store, tenant, |r| {
+        if r.tool == DEAD_LETTER_TOOL
+            && let Some(letter) = r
+                .result
+                .as_deref()
+                .and_then(|b| serde_json::from_slice(b).ok())
+        {
+            letters.push(letter);
+        }
+        true
+    })
+    .await?;
+    letters.sort_by(|a, b| (a.at, &a.id).cmp(&(b.at, &b.id)));
+    if json {
+        println!("{}", serde_json::to_string(&letters)?);
+    } else {
+        let now = now();
+        println!(
+            "{:12}  {:16}  {:24}  {:12}  {:22}  {:>8}  {:>6}",
+            "id", "tenant", "tool", "key", "reason", "attempts", "age"
+        );
+        for l in &letters {
+            println!(
+                "{:12}  {:16}  {:24}  {:12}  {:22}  {:>8}  {:>6}",
+                l.id,
+                l.tenant,
+                l.tool,
+                l.key,
+                l.reason.as_str(),
+                l.attempts,
+                age(now, l.at)
+            );
+        }
+        println!("{} dead letter(s)", letters.len());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn dlq_ack(
+    store: &Arc<dyn AdminStore>,
+    tenant: &str,
+    id: &str,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    let record = find(store, tenant, id).await?;
+    if record.tool != DEAD_LETTER_TOOL {
+        return Err(Failure(format!("{id} is not a dead-letter entry")));
+    }
+    store.delete(&record.tenant, record.key).await?;
+    if json {
+        println!("{}", json!({"acknowledged": short_hash(&record)}));
+    } else {
+        println!("{} acknowledged", short_hash(&record));
     }
     Ok(ExitCode::SUCCESS)
 }

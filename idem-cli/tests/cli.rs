@@ -234,6 +234,67 @@ async fn every_subcommand(url: &str, backend: &str) {
     );
     assert!(store.lookup(TENANT, key(4)).await.unwrap().is_none());
 
+    // A dead letter, as the retry executor writes one.
+    let letter_key = derive_key(
+        TENANT,
+        "idem.dead_letter",
+        &[KeyPart::new(&"step").unwrap()],
+    );
+    let id = letter_key.short_hash().to_string();
+    let entry = serde_json::json!({
+        "id": id, "tenant": TENANT, "tool": "payments.charge", "key": hash(2),
+        "reason": "idempotency_in_flight", "attempts": 8, "at": now(),
+    });
+    let claim = store
+        .claim(ClaimRequest {
+            tenant: TENANT,
+            key: letter_key,
+            tool: "idem.dead_letter",
+            fingerprint: Fingerprint::from_bytes([0; 32]),
+            now: now(),
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+            orphans: Orphans::TakeOver,
+        })
+        .await
+        .unwrap();
+    let Claim::Acquired { token, .. } = claim else {
+        panic!("{claim:?}")
+    };
+    let bytes = serde_json::to_vec(&entry).unwrap();
+    store
+        .complete(Completion {
+            tenant: TENANT,
+            key: letter_key,
+            token,
+            status: RecordStatus::Completed,
+            result: &bytes,
+            now: now(),
+            ttl: Duration::from_secs(3600),
+        })
+        .await
+        .unwrap();
+    let listed = ok(url, &["dlq", "list", "--tenant", TENANT], 0);
+    assert!(
+        listed.contains(&id)
+            && listed.contains("idempotency_in_flight")
+            && listed.contains("1 dead letter"),
+        "{listed}"
+    );
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(url, &["dlq", "list", "--tenant", TENANT, "--json"], 0)).unwrap();
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["id"] == id.as_str())
+    );
+    ok(url, &["dlq", "ack", "--tenant", TENANT, &id], 0);
+    assert!(ok(url, &["dlq", "list", "--tenant", TENANT], 0).contains("0 dead letter"));
+    let not_a_letter = idem(url, &["dlq", "ack", "--tenant", TENANT, &hash(1)]);
+    assert_eq!(not_a_letter.status.code(), Some(2));
+
     let missing = idem(url, &["show", "--tenant", TENANT, "abcdef"]);
     assert_eq!(missing.status.code(), Some(2));
 

@@ -6,7 +6,9 @@
 //! decision is made here, in ordinary, unit-tested Rust.
 
 use std::future::Future;
+
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
@@ -20,7 +22,7 @@ use crate::ToolResult;
 use crate::canonical::CanonicalError;
 use crate::error::{ClassifyError, Error, ErrorClass};
 use crate::fingerprint::Fingerprint;
-use crate::key::{InvalidKey, KeyPart, derive_key};
+use crate::key::{IdempotencyKey, InvalidKey, KeyPart, derive_key};
 use crate::outcome::{InFlight, Mismatch, Outcome, Unknown};
 use crate::runtime::Scope;
 use crate::store::{Claim, ClaimRequest, Completion, Fenced, Orphans, RecordStatus};
@@ -397,9 +399,39 @@ where
         return Err(Error::InvalidTenant { tool: name });
     }
 
+    let key = derive_key(tenant, name, &key.parts);
+    crate::retry::note_call(name, key);
+    let span = crate::telemetry::call_span(name, tenant, &key.short_hash());
+    let started = std::time::Instant::now();
+    let result =
+        claim_and_run::<T, E, A, C, B, F, H>(tool, scope, key, fingerprint, args, check, body)
+            .instrument(span.clone())
+            .await;
+    crate::telemetry::finish(&span, name, &result, started);
+    result
+}
+
+/// The call once its key is known: claim, then replay, refuse, check or run.
+async fn claim_and_run<T, E, A, C, B, F, H>(
+    tool: &'static ToolInfo,
+    scope: Scope,
+    key: IdempotencyKey,
+    fingerprint: Fingerprint,
+    args: A,
+    check: Option<C>,
+    body: B,
+) -> Result<Outcome<T>, Error<E>>
+where
+    T: Serialize + DeserializeOwned,
+    C: AsyncFnOnce(&A) -> Result<Option<T>, E>,
+    B: FnOnce(A) -> F,
+    F: Future<Output = Result<T, E>>,
+    E: ErrorHandling<H>,
+{
+    let name = tool.name;
+    let tenant = scope.tenant();
     let idem = scope.idem();
     let store = idem.store();
-    let key = derive_key(tenant, name, &key.parts);
     let ttl = tool.effective_ttl(idem);
     let now = idem.clock().now();
     let orphans = match check {
@@ -467,6 +499,7 @@ where
             };
         }
         Claim::Acquired { token, takeover } => {
+            tracing::Span::current().record("token", token.get());
             // An orphan or an unknown record: an earlier owner may have had the effect. The
             // state check, if the tool has one, says which before anything runs again.
             if let Some(check) = check.filter(|_| takeover) {

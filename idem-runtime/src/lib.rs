@@ -27,8 +27,10 @@ pub mod http;
 pub mod key;
 mod outcome;
 pub mod registry;
+pub mod retry;
 mod runtime;
 pub mod store;
+pub mod telemetry;
 
 #[doc(hidden)]
 pub mod __private;

@@ -52,6 +52,8 @@ pub struct Idem {
 
 struct Inner {
     store: Arc<dyn Store>,
+    /// The same store, for operators' operations, when it is a built-in one opened by URL.
+    admin: Option<Arc<dyn AdminStore>>,
     ttl: Duration,
     lease: Duration,
     retry_window: Duration,
@@ -116,6 +118,60 @@ impl Idem {
     /// The store.
     pub fn store(&self) -> &dyn Store {
         &*self.inner.store
+    }
+
+    /// The dead-letter queue of `tenant`: the steps [`retry`](crate::retry::retry) gave up on.
+    ///
+    /// Needs a store opened by URL ([`Idem::open`]); a store built by hand has no admin side
+    /// and answers an error.
+    pub async fn dead_letters(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<crate::retry::DeadLetter>, StoreError> {
+        let admin = self.admin()?;
+        let mut out = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = admin.scan(Some(tenant), cursor.as_deref(), 500).await?;
+            out.extend(page.records.iter().filter_map(crate::retry::decode));
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        out.sort_by(|a, b| (a.at, &a.id).cmp(&(b.at, &b.id)));
+        out.dedup_by(|a, b| a.id == b.id);
+        Ok(out)
+    }
+
+    /// Removes the entry `id` (as [`dead_letters`](Idem::dead_letters) shows it) from the
+    /// dead-letter queue of `tenant`; `false` when there was none.
+    pub async fn acknowledge(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {
+        let admin = self.admin()?;
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = admin.scan(Some(tenant), cursor.as_deref(), 500).await?;
+            if let Some(record) = page.records.iter().find(|r| {
+                r.tool == crate::retry::DEAD_LETTER_TOOL && r.key.short_hash().to_string() == id
+            }) {
+                let deleted = admin.delete(tenant, record.key).await?;
+                return Ok(deleted == crate::store::Fenced::Applied);
+            }
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => return Ok(false),
+            }
+        }
+    }
+
+    fn admin(&self) -> Result<&dyn AdminStore, StoreError> {
+        self.inner.admin.as_deref().ok_or_else(|| {
+            StoreError::new(
+                self.inner.store.backend(),
+                crate::error::StoreErrorKind::Other,
+                "this store was built by hand and has no admin side: open it by URL",
+            )
+        })
     }
 
     /// Default record lifetime of tools that declare no `ttl`.
@@ -210,13 +266,14 @@ impl IdemBuilder {
 
     /// A runtime over `store`.
     pub fn build(self, store: impl Store + 'static) -> Idem {
-        self.build_arc(Arc::new(store))
+        self.build_arc(Arc::new(store), None)
     }
 
-    fn build_arc(self, store: Arc<dyn Store>) -> Idem {
+    fn build_arc(self, store: Arc<dyn Store>, admin: Option<Arc<dyn AdminStore>>) -> Idem {
         let idem = Idem {
             inner: Arc::new(Inner {
                 store,
+                admin,
                 ttl: self.ttl,
                 lease: self.lease,
                 retry_window: self.retry_window.unwrap_or(self.ttl),
@@ -242,8 +299,9 @@ impl IdemBuilder {
     ///
     /// Passwords never appear in errors (`postgres://app:***@db/…`).
     pub async fn open(self, url: &str) -> Result<Idem, OpenError> {
-        let store: Arc<dyn Store> = open_store(url).await?;
-        Ok(self.build_arc(store))
+        let admin = open_store(url).await?;
+        let store: Arc<dyn Store> = admin.clone();
+        Ok(self.build_arc(store, Some(admin)))
     }
 }
 

@@ -30,29 +30,7 @@ use reqwest::{IntoUrl, RequestBuilder, Response};
 
 use super::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
-/// How a request is retried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// At most this many attempts in all (default 8).
-    pub max_attempts: u32,
-    /// The first backoff (default 100 ms); it doubles on each retry, with full jitter.
-    pub base_delay: Duration,
-    /// No wait is longer than this (default 5 s), whatever `Retry-After` says.
-    pub max_delay: Duration,
-    /// No retry starts after this much time since the first attempt (default 60 s).
-    pub budget: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            max_attempts: 8,
-            base_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(5),
-            budget: Duration::from_secs(60),
-        }
-    }
-}
+pub use crate::retry::RetryPolicy;
 
 /// A reqwest client that makes POST and PATCH safe to retry.
 #[derive(Debug, Clone)]
@@ -276,9 +254,7 @@ impl IdemRequest {
                 }
                 Err(_) => None,
             };
-            let backoff = jitter(policy.base_delay.saturating_mul(1 << (attempt - 1).min(16)));
-            let wait = wait.unwrap_or(backoff).min(policy.max_delay);
-            tokio::time::sleep(wait).await;
+            tokio::time::sleep(policy.delay(attempt, wait)).await;
         }
     }
 }
@@ -294,12 +270,6 @@ fn retry_after(response: &Response) -> Option<Duration> {
         .parse::<u64>()
         .ok()
         .map(Duration::from_secs)
-}
-
-/// Full jitter: a uniformly random wait between zero and `max`.
-fn jitter(max: Duration) -> Duration {
-    let random = uuid::Uuid::new_v4().as_u128() as u64;
-    Duration::from_nanos(random % (max.as_nanos().max(1) as u64))
 }
 
 #[cfg(test)]
@@ -324,13 +294,5 @@ mod tests {
             None
         );
         assert_eq!(retry_after(&response("-1")), None);
-    }
-
-    #[test]
-    fn jitter_stays_under_its_bound() {
-        for _ in 0..1000 {
-            assert!(jitter(Duration::from_millis(10)) < Duration::from_millis(10));
-        }
-        assert_eq!(jitter(Duration::ZERO), Duration::ZERO);
     }
 }

@@ -59,6 +59,11 @@ pub trait AdminStore: Store {
         now: UnixMillis,
     ) -> StoreFuture<'a, super::Fenced>;
 
+    /// Deletes a record whatever its state (operators' housekeeping: acknowledging a
+    /// dead-letter entry). Answers [`Fenced::Lost`](super::Fenced::Lost) when there was none.
+    fn delete<'a>(&'a self, tenant: &'a str, key: IdempotencyKey)
+    -> StoreFuture<'a, super::Fenced>;
+
     /// The server's clock, for comparing with the callers' (a claim's lease and TTL are
     /// measured by the caller's clock). `None` for embedded stores, whose clock is the caller's.
     fn server_time(&self) -> StoreFuture<'_, Option<UnixMillis>> {

@@ -202,6 +202,17 @@ impl Store for MemoryStore {
 }
 
 impl AdminStore for MemoryStore {
+    fn delete<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            self.with(
+                |tenants| match tenants.get_mut(tenant).and_then(|r| r.remove(&key)) {
+                    Some(_) => Fenced::Applied,
+                    None => Fenced::Lost,
+                },
+            )
+        })
+    }
+
     fn scan<'a>(
         &'a self,
         tenant: Option<&'a str>,

@@ -177,6 +177,7 @@ struct Sql {
     scan: String,
     resolve_complete: String,
     resolve_release: String,
+    delete: String,
     purge: String,
     version: String,
 }
@@ -208,6 +209,7 @@ impl Sql {
                  WHERE {BLOCKED} RETURNING 1"
             ),
             resolve_release: format!("DELETE FROM {t} WHERE {BLOCKED} RETURNING 1"),
+            delete: format!("DELETE FROM {t} WHERE tenant = $1 AND key = $2 RETURNING 1"),
             purge: format!(
                 "DELETE FROM {t} WHERE (tenant, key) IN (SELECT tenant, key FROM {t} \
                  WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1"
@@ -796,6 +798,20 @@ fn decode_record(row: &Row) -> Result<Record, StoreError> {
 }
 
 impl AdminStore for PostgresStore {
+    fn delete<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let k = &key.as_bytes()[..];
+            let deleted = self
+                .query("delete", &self.inner.sql.delete, &[&tenant, &k])
+                .await?;
+            Ok(if deleted.is_empty() {
+                Fenced::Lost
+            } else {
+                Fenced::Applied
+            })
+        })
+    }
+
     fn server_time(&self) -> StoreFuture<'_, Option<UnixMillis>> {
         Box::pin(async move {
             let rows = self

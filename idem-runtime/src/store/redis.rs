@@ -729,6 +729,23 @@ fn parse_record_key(prefix: &str, name: &str) -> Option<(String, IdempotencyKey)
 }
 
 impl AdminStore for RedisStore {
+    fn delete<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let record = self.record_key(tenant, &key);
+            let (deleted, _): (i64, i64) = redis::pipe()
+                .del(&record)
+                .del(format!("{record}:note"))
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| redis_error("delete", e))?;
+            Ok(if deleted == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            })
+        })
+    }
+
     fn server_time(&self) -> StoreFuture<'_, Option<UnixMillis>> {
         Box::pin(async move {
             let (secs, micros): (u64, u64) = redis::cmd("TIME")

@@ -266,6 +266,10 @@ enum Op {
         now: UnixMillis,
         limit: usize,
     },
+    Delete {
+        tenant: String,
+        key: IdempotencyKey,
+    },
     Resolve {
         tenant: String,
         key: IdempotencyKey,
@@ -874,6 +878,17 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, StoreError> {
                 Fenced::Lost
             }))
         }
+        Op::Delete { tenant, key } => {
+            let n = tx
+                .prepare_cached("DELETE FROM idem_records WHERE tenant = ?1 AND key = ?2")
+                .and_then(|mut s| s.execute(params![tenant, &key.as_bytes()[..]]))
+                .map_err(|e| sql_error("delete", e))?;
+            Ok(Reply::Fenced(if n == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            }))
+        }
         Op::Resolve {
             tenant,
             key,
@@ -1096,6 +1111,19 @@ impl Store for SqliteStore {
 }
 
 impl AdminStore for SqliteStore {
+    fn delete<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let op = Op::Delete {
+                tenant: tenant.to_owned(),
+                key,
+            };
+            match self.write(op).await? {
+                Reply::Fenced(f) => Ok(f),
+                _ => Err(unexpected()),
+            }
+        })
+    }
+
     fn scan<'a>(
         &'a self,
         tenant: Option<&'a str>,

@@ -1,0 +1,343 @@
+//! The agent loop's side of retries: [`retry`] calls a tool again, with the same arguments and
+//! so the same key, while that can help, and dead-letters the step when it cannot.
+//!
+//! ```no_run
+//! # use idem_runtime as idem;
+//! # async fn charge(run: String) -> Result<idem::Outcome<u64>, idem::Error<String>> { todo!() }
+//! # async fn f(idem: idem::Idem) {
+//! use idem::retry::{RetryPolicy, retry};
+//!
+//! let tenant = idem.scope("tenant-a");
+//! let out = tenant
+//!     .run(retry(&RetryPolicy::default(), || charge("run-9".into())))
+//!     .await;
+//! # }
+//! ```
+//!
+//! | the call answers | [`retry`] |
+//! |---|---|
+//! | `Fresh`, `Replayed`, `Unprotected` | returns it |
+//! | `Mismatch`, `Unknown` | returns it at once: a retry would not change it |
+//! | `InFlight` | waits (the backoff, or the time left on the lease) and calls again |
+//! | a store error (unreachable, timeout, closed) | waits and calls again |
+//! | the tool's own error, any other error | returns it: the tool's `on_error` policy decided |
+//!
+//! When the budget runs out on `InFlight` or a store error, the step goes to the dead-letter
+//! queue of the tenant, in the same store, with its reason (`idempotency_in_flight`,
+//! `store_unavailable`), the tool and the key's short hash (never the key), and [`retry`]
+//! answers [`RetryError::DeadLettered`]. [`crate::Idem::dead_letters`] lists the queue and
+//! [`crate::Idem::acknowledge`] removes an entry.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::key::{IdempotencyKey, KeyHash, KeyPart, derive_key};
+use crate::outcome::Outcome;
+use crate::runtime::Scope;
+use crate::store::{Claim, ClaimRequest, Completion, Orphans, RecordStatus, UnixMillis};
+
+/// How calls are retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// At most this many attempts in all (default 8).
+    pub max_attempts: u32,
+    /// The first backoff (default 100 ms); it doubles on each retry, with full jitter.
+    pub base_delay: Duration,
+    /// No wait is longer than this (default 5 s).
+    pub max_delay: Duration,
+    /// No retry starts after this much time since the first attempt (default 60 s).
+    pub budget: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 8,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(5),
+            budget: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before attempt `attempt + 1`: exponential with full jitter, at most
+    /// `max_delay`; `hint` (a lease's time left, a `Retry-After`) replaces the backoff.
+    pub fn delay(&self, attempt: u32, hint: Option<Duration>) -> Duration {
+        let backoff = jitter(
+            self.base_delay
+                .saturating_mul(1 << attempt.saturating_sub(1).min(16)),
+        );
+        hint.unwrap_or(backoff).min(self.max_delay)
+    }
+}
+
+/// Full jitter: a uniformly random wait between zero and `max`.
+pub(crate) fn jitter(max: Duration) -> Duration {
+    let random = uuid::Uuid::new_v4().as_u128() as u64;
+    Duration::from_nanos(random % (max.as_nanos().max(1) as u64))
+}
+
+/// Why a step went to the dead-letter queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum DeadLetterReason {
+    /// Another call held the key for the whole budget.
+    IdempotencyInFlight,
+    /// The store failed for the whole budget.
+    StoreUnavailable,
+}
+
+impl DeadLetterReason {
+    /// The reason as the queue stores it: `idempotency_in_flight`, `store_unavailable`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::IdempotencyInFlight => "idempotency_in_flight",
+            DeadLetterReason::StoreUnavailable => "store_unavailable",
+        }
+    }
+}
+
+/// One entry of the dead-letter queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// What to acknowledge it by (a short hash of the entry).
+    pub id: String,
+    /// The tenant.
+    pub tenant: String,
+    /// The tool's stable name.
+    pub tool: String,
+    /// The short hash of the step's key.
+    pub key: String,
+    /// Why it was given up on.
+    pub reason: DeadLetterReason,
+    /// Attempts made.
+    pub attempts: u32,
+    /// When it was given up on (Unix milliseconds).
+    pub at: UnixMillis,
+}
+
+/// What [`retry`] answers when it gives up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetryError<E> {
+    /// The call failed in a way a retry would not change (see the module docs).
+    #[error(transparent)]
+    Call(Error<E>),
+    /// The budget ran out; the step is in the dead-letter queue.
+    #[error(
+        "tool `{tool}` (key {key}): given up after {attempts} attempt(s) ({}); the step is in the dead-letter queue",
+        reason.as_str()
+    )]
+    DeadLettered {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// Short hash of the key.
+        key: KeyHash,
+        /// Why.
+        reason: DeadLetterReason,
+        /// Attempts made.
+        attempts: u32,
+        /// The last error, when the reason is a store failure.
+        #[source]
+        last: Option<StoreError>,
+    },
+    /// The budget ran out and the dead-letter entry could not be written either (the store is
+    /// down): the step is lost to the queue, the caller must keep it.
+    #[error(
+        "tool `{tool}` (key {key}): given up after {attempts} attempt(s), and the dead-letter queue could not be written"
+    )]
+    DeadLetterFailed {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// Short hash of the key.
+        key: KeyHash,
+        /// Attempts made.
+        attempts: u32,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+}
+
+tokio::task_local! {
+    /// The tool and key of the last keyed call made inside [`retry`].
+    static LAST_CALL: Cell<Option<(&'static str, IdempotencyKey)>>;
+}
+
+/// Tells a running [`retry`], if any, which call it is retrying.
+pub(crate) fn note_call(tool: &'static str, key: IdempotencyKey) {
+    let _ = LAST_CALL.try_with(|cell| cell.set(Some((tool, key))));
+}
+
+/// The tool name dead-letter records are kept under.
+pub const DEAD_LETTER_TOOL: &str = "idem.dead_letter";
+
+/// How long a dead-letter entry is kept.
+const DEAD_LETTER_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Calls `call` until it answers something a retry would not change, as the module docs say.
+pub async fn retry<T, E, F, Fut>(
+    policy: &RetryPolicy,
+    mut call: F,
+) -> Result<Outcome<T>, RetryError<E>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
+{
+    let started = Instant::now();
+    let mut attempt = 0;
+    LAST_CALL
+        .scope(Cell::new(None), async move {
+            loop {
+                attempt += 1;
+                let answer = call().await;
+                let (reason, hint, last) = match answer {
+                    Ok(Outcome::InFlight(ref i)) => (
+                        DeadLetterReason::IdempotencyInFlight,
+                        Some(i.retry_after),
+                        None,
+                    ),
+                    Err(Error::Store(e)) if transient(&e) => {
+                        (DeadLetterReason::StoreUnavailable, None, Some(e))
+                    }
+                    Ok(out) => return Ok(out),
+                    Err(e) => return Err(RetryError::Call(e)),
+                };
+                let delay = policy.delay(attempt, hint);
+                let exhausted =
+                    attempt >= policy.max_attempts || started.elapsed() + delay > policy.budget;
+                if !exhausted {
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
+                let Some((tool, key)) = LAST_CALL.with(Cell::get) else {
+                    // No keyed call ran (the store failed before the key was known).
+                    return Err(RetryError::Call(Error::Store(last.unwrap_or_else(|| {
+                        StoreError::new("retry", StoreErrorKind::Other, "no call was made")
+                    }))));
+                };
+                return match dead_letter(tool, key, reason, attempt).await {
+                    Ok(()) => Err(RetryError::DeadLettered {
+                        tool,
+                        key: key.short_hash(),
+                        reason,
+                        attempts: attempt,
+                        last,
+                    }),
+                    Err(source) => Err(RetryError::DeadLetterFailed {
+                        tool,
+                        key: key.short_hash(),
+                        attempts: attempt,
+                        source,
+                    }),
+                };
+            }
+        })
+        .await
+}
+
+fn transient(e: &StoreError) -> bool {
+    matches!(
+        e.kind(),
+        StoreErrorKind::Unavailable | StoreErrorKind::Timeout | StoreErrorKind::Closed
+    )
+}
+
+/// The key of the dead-letter entry of a step: one per step, so writing it twice is harmless.
+fn dead_letter_key(tenant: &str, key: &IdempotencyKey) -> IdempotencyKey {
+    let part = KeyPart::new(&crate::store::admin::hex(key.as_bytes())).expect("64 hex digits");
+    derive_key(tenant, DEAD_LETTER_TOOL, &[part])
+}
+
+async fn dead_letter(
+    tool: &'static str,
+    key: IdempotencyKey,
+    reason: DeadLetterReason,
+    attempts: u32,
+) -> Result<(), StoreError> {
+    let Some(scope) = Scope::current() else {
+        return Err(StoreError::new(
+            "retry",
+            StoreErrorKind::Other,
+            "no idem runtime in scope to write the dead-letter queue",
+        ));
+    };
+    let (tenant, idem) = (scope.tenant(), scope.idem());
+    let store = idem.store();
+    let now = idem.clock().now();
+    let entry_key = dead_letter_key(tenant, &key);
+    let entry = DeadLetter {
+        id: entry_key.short_hash().to_string(),
+        tenant: tenant.to_owned(),
+        tool: tool.to_owned(),
+        key: key.short_hash().to_string(),
+        reason,
+        attempts,
+        at: now,
+    };
+    let bytes = serde_json::to_vec(&entry).expect("a dead letter serializes");
+    let claim = store
+        .claim(ClaimRequest {
+            tenant,
+            key: entry_key,
+            tool: DEAD_LETTER_TOOL,
+            fingerprint: crate::fingerprint::Fingerprint::from_bytes([0; 32]),
+            now,
+            lease: Duration::from_secs(30),
+            ttl: DEAD_LETTER_TTL,
+            orphans: Orphans::TakeOver,
+        })
+        .await?;
+    match claim {
+        Claim::Acquired { token, .. } => {
+            store
+                .complete(Completion {
+                    tenant,
+                    key: entry_key,
+                    token,
+                    status: RecordStatus::Completed,
+                    result: &bytes,
+                    now,
+                    ttl: DEAD_LETTER_TTL,
+                })
+                .await?;
+            Ok(())
+        }
+        // Already dead-lettered (or being written by another retry of the same step).
+        _ => Ok(()),
+    }
+}
+
+/// Decodes a dead-letter record.
+pub(crate) fn decode(record: &crate::store::Record) -> Option<DeadLetter> {
+    (record.tool == DEAD_LETTER_TOOL && record.status == RecordStatus::Completed)
+        .then(|| serde_json::from_slice(record.result.as_deref()?).ok())
+        .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_grow_with_jitter_and_respect_hints_and_the_cap() {
+        let p = RetryPolicy::default();
+        for attempt in 1..10 {
+            let d = p.delay(attempt, None);
+            assert!(d <= p.max_delay);
+            assert!(d < p.base_delay.saturating_mul(1 << (attempt - 1)) + Duration::from_nanos(1));
+        }
+        assert_eq!(
+            p.delay(1, Some(Duration::from_secs(2))),
+            Duration::from_secs(2)
+        );
+        assert_eq!(p.delay(1, Some(Duration::from_secs(60))), p.max_delay);
+    }
+}

@@ -1,0 +1,159 @@
+//! One full scenario with every log line captured (TRACE, all targets) and every metric
+//! recorded: the counters count what happened, labelled by tool, and the raw key never appears.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::DownStore;
+use idem::retry::{RetryPolicy, retry};
+use idem::telemetry::counters;
+use idem::{Idem, idempotent};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+const SECRET: &str = "run-secret-4242";
+
+#[idempotent(key = "run_id", mutating, name = "telemetry.charge", skip = "hold_ms")]
+async fn charge(run_id: String, amount: u64, hold_ms: u64) -> Result<u64, String> {
+    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+    if amount == 0 {
+        return Err("zero".into());
+    }
+    Ok(amount)
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_and_metrics_count_every_outcome_and_never_show_the_key() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::FULL)
+        .with_writer(move || writer.clone())
+        .finish();
+    // Global, so that the spawned call's logs (on another worker thread) are captured too.
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).unwrap();
+
+    let idem = Idem::open("memory://").await.unwrap();
+    let tenant = idem.scope("tenant-t");
+    let run = SECRET.to_owned();
+    assert!(
+        tenant
+            .run(charge(run.clone(), 5, 0))
+            .await
+            .unwrap()
+            .is_fresh()
+    );
+    assert!(
+        tenant
+            .run(charge(run.clone(), 5, 0))
+            .await
+            .unwrap()
+            .is_replayed()
+    );
+    assert!(
+        tenant
+            .run(charge(run.clone(), 6, 0))
+            .await
+            .unwrap()
+            .is_mismatch()
+    );
+    let other = format!("{SECRET}-b");
+    let hold = tokio::spawn(tenant.run(charge(other.clone(), 5, 300)));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        tenant
+            .run(charge(other.clone(), 5, 0))
+            .await
+            .unwrap()
+            .is_in_flight()
+    );
+    let policy = RetryPolicy {
+        budget: Duration::from_millis(60),
+        base_delay: Duration::from_millis(5),
+        max_delay: Duration::from_millis(10),
+        ..RetryPolicy::default()
+    };
+    let dead = tenant
+        .run(retry(&policy, || charge(other.clone(), 5, 0)))
+        .await;
+    assert!(dead.is_err(), "{dead:?}");
+    assert!(hold.await.unwrap().unwrap().is_fresh());
+    assert!(
+        tenant
+            .run(charge(format!("{SECRET}-c"), 0, 0))
+            .await
+            .is_err()
+    );
+    let down = Idem::with_store(DownStore);
+    assert!(
+        down.scope("tenant-t")
+            .run(charge(run.clone(), 5, 0))
+            .await
+            .is_err()
+    );
+
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("idem.call"), "{logs}");
+    assert!(
+        logs.contains("outcome=\"replayed\"") || logs.contains("outcome=replayed"),
+        "{logs}"
+    );
+    let hash = idem::derive_key(
+        "tenant-t",
+        "telemetry.charge",
+        &[idem::key::KeyPart::new(&run).unwrap()],
+    )
+    .short_hash()
+    .to_string();
+    assert!(
+        logs.contains(&hash),
+        "the short hash is there to correlate: {logs}"
+    );
+    assert!(
+        !logs.contains(SECRET),
+        "a raw key part leaked into the logs"
+    );
+
+    let counts: std::collections::HashMap<String, u64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| {
+            key.key()
+                .labels()
+                .any(|l| l.key() == "tool" && l.value() == "telemetry.charge")
+        })
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Counter(n) => Some((key.key().name().to_owned(), n)),
+            _ => None,
+        })
+        .collect();
+    // Fresh: the first call, the held one, the failing one (its body ran).
+    assert_eq!(counts.get(counters::FRESH), Some(&3), "{counts:?}");
+    assert_eq!(counts.get(counters::REPLAY), Some(&1), "{counts:?}");
+    assert_eq!(counts.get(counters::MISMATCH), Some(&1), "{counts:?}");
+    assert!(
+        counts.get(counters::CONFLICT).is_some_and(|n| *n >= 2),
+        "{counts:?}"
+    );
+    assert_eq!(counts.get(counters::STORE_ERROR), Some(&1), "{counts:?}");
+}
