@@ -438,12 +438,17 @@ async fn an_invalid_key_is_refused_before_the_store_is_touched() {
         assert_eq!(effects(bad), 0);
     }
     assert_eq!(store.count(), 0, "the store was never asked");
-    let err = idem
-        .scope("")
-        .run(call(&unique("run"), 5))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::InvalidTenant { .. }), "{err:?}");
+    for tenant in [String::new(), "t".repeat(256), "nul\0byte".to_owned()] {
+        let err = idem
+            .scope(tenant.clone())
+            .run(call(&unique("run"), 5))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidTenant { .. }),
+            "{tenant:?}: {err:?}"
+        );
+    }
     assert_eq!(store.count(), 0);
 }
 

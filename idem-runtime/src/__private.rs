@@ -395,7 +395,7 @@ where
         };
     }
     let tenant = scope.tenant();
-    if tenant.is_empty() || tenant.len() > 255 {
+    if tenant.is_empty() || tenant.len() > 255 || tenant.contains('\0') {
         return Err(Error::InvalidTenant { tool: name });
     }
 

@@ -97,7 +97,7 @@ pub enum Error<E> {
         /// The key part that was `None`.
         part: &'static str,
     },
-    /// The tenant of the scope is empty or longer than 255 bytes.
+    /// The tenant of the scope is empty, longer than 255 bytes, or holds a NUL character.
     InvalidTenant {
         /// The tool's stable name.
         tool: &'static str,
@@ -259,7 +259,10 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 "tool `{tool}` requires an idempotency key, but `{part}` is None"
             ),
             Error::InvalidTenant { tool } => {
-                write!(f, "tool `{tool}`: the tenant must be 1 to 255 bytes long")
+                write!(
+                    f,
+                    "tool `{tool}`: the tenant must be 1 to 255 bytes long, without NUL"
+                )
             }
             Error::Unfingerprintable { tool, .. } => {
                 write!(f, "tool `{tool}`: the arguments cannot be fingerprinted")

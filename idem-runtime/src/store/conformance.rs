@@ -36,6 +36,7 @@ macro_rules! store_conformance_tests {
             release_is_fenced_and_frees_the_key,
             expired_records_are_new_intents,
             tenants_are_isolated,
+            hostile_tenants_stay_apart,
             purge_is_bounded_and_spares_live_records,
             concurrent_claims_have_one_winner,
             results_are_stored_byte_exact,
@@ -504,6 +505,67 @@ pub async fn unknown_records_block_until_reconciled(store: Arc<dyn Store>) {
             }
         ),
         "another tenant's records do not block this one, got {elsewhere:?}"
+    );
+}
+
+/// Tenants made of SQL metacharacters, Redis separators and hash-tag braces, glob characters,
+/// non-ASCII text and 255 bytes each keep their own records, with the same key: no injection,
+/// no collision between a tenant and its prefixes.
+pub async fn hostile_tenants_stay_apart(store: Arc<dyn Store>) {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let long = format!("{run}{}x", "ß".repeat(111));
+    assert_eq!(long.len(), 255);
+    let hostile: Vec<String> = [
+        "'; DROP TABLE idem_records; --",
+        "\" ' OR '1'='1",
+        "a}b{c",
+        "{evil}",
+        "x:y:z",
+        "x:y",
+        "x",
+        "*",
+        "[a-z]?",
+        "%_\\",
+        "ñandú 🦀",
+        "tenant\twith\nwhitespace",
+    ]
+    .iter()
+    .map(|t| format!("{run}{t}"))
+    .chain([long.clone(), format!("{run}x:"), format!("{run}x}}")])
+    .collect();
+    let k = key("shared", 1);
+    for (n, t) in hostile.iter().enumerate() {
+        let token = acquire(&*store, claim(t, k, fp(1), T0)).await;
+        let applied = store
+            .complete(completion(t, k, token, t.as_bytes(), T0 + n as u64))
+            .await
+            .expect("complete");
+        assert_eq!(applied, Fenced::Applied, "{t:?}");
+    }
+    for t in &hostile {
+        assert_eq!(
+            store
+                .claim(claim(t, k, fp(1), T0 + 100))
+                .await
+                .expect("claim"),
+            Claim::Completed {
+                result: t.as_bytes().to_vec()
+            },
+            "{t:?} sees its own record"
+        );
+        let record = store.lookup(t, k).await.expect("lookup").expect("record");
+        assert_eq!(&record.tenant, t);
+        assert_eq!(
+            store
+                .claim(claim(t, k, fp(2), T0 + 100))
+                .await
+                .expect("claim"),
+            Claim::Mismatch
+        );
+    }
+    assert!(
+        store.lookup(&run, k).await.expect("lookup").is_none(),
+        "the common prefix is a tenant of its own"
     );
 }
 
