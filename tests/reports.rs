@@ -5,11 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const EXAMPLES: [&str; 4] = [
+const EXAMPLES: [&str; 5] = [
     "register_payment",
     "set_status",
     "assign_shift",
     "payments_agent",
+    // An MCP server over stdio: with no client (stdin closed) it ends after opening its store.
+    "mcp_server",
 ];
 
 /// `target/debug/examples/NAME`: `cargo test` builds the examples beside the tests.

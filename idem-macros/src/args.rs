@@ -133,8 +133,11 @@ fn parse_paths(lit: &LitStr, option: &str) -> syn::Result<Vec<FieldPath>> {
             return Err(syn::Error::new(lit.span(), msg));
         }
         let segments: Vec<String> = raw.split('.').map(|s| s.trim().to_owned()).collect();
-        for segment in &segments {
-            if syn::parse_str::<Ident>(segment).is_err() && segment != "self" {
+        for (i, segment) in segments.iter().enumerate() {
+            // A tuple field (`params.0.run_id`, as in rmcp's `Parameters(T)`) past the root.
+            let tuple_field =
+                i > 0 && !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit());
+            if syn::parse_str::<Ident>(segment).is_err() && segment != "self" && !tuple_field {
                 return Err(syn::Error::new(
                     lit.span(),
                     format!(

@@ -84,6 +84,9 @@ fn path_expr(path: &FieldPath, span: Span) -> TokenStream {
     let segments = path.segments.iter().map(|s| {
         if s == "self" {
             quote_spanned!(span=> self)
+        } else if let Ok(index) = s.parse::<u32>() {
+            let index = syn::Index { index, span };
+            quote!(#index)
         } else {
             let ident = Ident::new(s, span);
             quote!(#ident)
@@ -248,9 +251,52 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     }
 }
 
+/// The idempotency contract in words, for an MCP tool's description (rmcp's `#[tool]` reads
+/// the doc comment): what the key is, whether it is optional, what `replayed` means.
+fn contract_docs(checked: &Checked) -> Vec<String> {
+    let last_segment =
+        |a: &&syn::Attribute| a.path().segments.last().is_some_and(|s| s.ident == "tool");
+    if !checked.tool.item.attrs.iter().any(|a| last_segment(&a)) {
+        return Vec::new();
+    }
+    let text = match &checked.form {
+        Form::Keyed(keyed) => {
+            let names: Vec<String> = keyed
+                .parts
+                .iter()
+                .map(|p| p.path.segments.last().cloned().unwrap_or_default())
+                .collect();
+            let key = names.join("`, `");
+            let optional = if keyed.required {
+                format!("`{key}` is required.")
+            } else {
+                format!(
+                    "`{key}` is optional: without it the call is not protected, and a retry \
+                     would repeat it."
+                )
+            };
+            format!(
+                "Idempotent: calls with the same `{key}` and the same arguments take effect once; \
+                 a retry returns the first result with `replayed: true`. {optional} Reusing it with \
+                 other arguments answers `status: mismatch` (use a new key for a new request); \
+                 `status: in_flight` means the first call still runs: retry later with the same key."
+            )
+        }
+        Form::StateCheck(_) => "Safe to retry: it first checks whether this was already done, and \
+             then answers `replayed: true` with the existing result instead of doing it again."
+            .to_owned(),
+        Form::Natural => {
+            "Safe to retry: repeating the call with the same arguments has no further effect."
+                .to_owned()
+        }
+    };
+    vec![String::new(), text]
+}
+
 fn generate(checked: &Checked) -> TokenStream {
     let tool = &checked.tool;
     let (outer, inner) = split_attrs(&tool.item);
+    let contract = contract_docs(checked);
     let vis = &tool.item.vis;
     let sig = rewritten_signature(tool);
     let registration = registration(checked);
@@ -272,6 +318,7 @@ fn generate(checked: &Checked) -> TokenStream {
     };
     quote! {
         #(#outer)*
+        #(#[doc = #contract])*
         #vis #sig {
             #(#inner)*
             #registration

@@ -270,11 +270,29 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
     let sig = &tool.item.sig;
 
     if sig.asyncness.is_none() {
-        errors.push(
-            sig.fn_token.span,
-            "`#[idempotent]` tools must be `async fn`: the call awaits the store before the body \
-             runs; write `async fn`",
-        );
+        // rmcp's `#[tool]`, expanded first, turns an `async fn` into one returning
+        // `Pin<Box<dyn Future…>>`: say which order works.
+        let boxed_future = match &sig.output {
+            syn::ReturnType::Type(_, ty) => {
+                let text = quote::quote!(#ty).to_string().replace(' ', "");
+                text.contains("Pin<Box<dyn") && text.contains("Future")
+            }
+            syn::ReturnType::Default => false,
+        };
+        if boxed_future {
+            errors.push(
+                sig.fn_token.span,
+                "`#[idempotent]` must come before `#[tool]`: rmcp's `#[tool]` turns the `async fn` \
+                 into a boxed future, and `#[idempotent]` guards an `async fn`. Write \
+                 `#[idempotent(…)]` on the line above `#[tool(…)]`",
+            );
+        } else {
+            errors.push(
+                sig.fn_token.span,
+                "`#[idempotent]` tools must be `async fn`: the call awaits the store before the \
+                 body runs; write `async fn`",
+            );
+        }
     }
     if let Some(constness) = &sig.constness {
         errors.push(constness.span, "`#[idempotent]` tools cannot be `const fn`");

@@ -25,6 +25,8 @@ pub mod fingerprint;
 #[cfg(any(feature = "http", feature = "client"))]
 pub mod http;
 pub mod key;
+#[cfg(feature = "rmcp")]
+pub mod mcp;
 mod outcome;
 pub mod registry;
 pub mod retry;
