@@ -43,7 +43,7 @@ async fn an_mcp_client_over_stdio_sees_replays_mismatches_and_honest_tools() {
     assert!(description.contains("Charges a customer"), "{description}");
     assert!(description.contains("idempotency_key"), "{description}");
     assert!(description.contains("replayed: true"), "{description}");
-    assert!(description.contains("optional"), "{description}");
+    assert!(description.contains("may be omitted"), "{description}");
     let annotations = pay.annotations.clone().unwrap();
     assert_eq!(annotations.idempotent_hint, Some(true));
     assert_eq!(annotations.destructive_hint, Some(false));

@@ -251,11 +251,16 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     }
 }
 
-/// The idempotency contract in words, for an MCP tool's description (rmcp's `#[tool]` reads
-/// the doc comment): what the key is, whether it is optional, what `replayed` means.
+/// The idempotency contract in words, for the description an agent framework gives the model
+/// (rmcp's `#[tool]` and rig's `#[rig_tool]` read the doc comment): what the key is, whether it
+/// is optional, what `replayed` means.
 fn contract_docs(checked: &Checked) -> Vec<String> {
-    let last_segment =
-        |a: &&syn::Attribute| a.path().segments.last().is_some_and(|s| s.ident == "tool");
+    let last_segment = |a: &&syn::Attribute| {
+        a.path()
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "tool" || s.ident == "rig_tool")
+    };
     if !checked.tool.item.attrs.iter().any(|a| last_segment(&a)) {
         return Vec::new();
     }
@@ -267,17 +272,33 @@ fn contract_docs(checked: &Checked) -> Vec<String> {
                 .map(|p| p.path.segments.last().cloned().unwrap_or_default())
                 .collect();
             let key = names.join("`, `");
-            let optional = if keyed.required {
-                format!("`{key}` is required.")
-            } else {
+            // A part may be absent when it is an `Option` parameter, or a field whose type the
+            // macro cannot see.
+            let is_option = |root: &str| {
+                checked.tool.params.iter().any(|p| {
+                    p.ident == root
+                        && matches!(&p.ty, syn::Type::Path(t)
+                            if t.path.segments.last().is_some_and(|s| s.ident == "Option"))
+                })
+            };
+            let may_be_absent = !keyed.required
+                && keyed
+                    .parts
+                    .iter()
+                    .any(|p| p.path.segments.len() > 1 || is_option(p.path.root()));
+            let absent = if keyed.required {
+                format!(" `{key}` is required.")
+            } else if may_be_absent {
                 format!(
-                    "`{key}` is optional: without it the call is not protected, and a retry \
+                    " `{key}` may be omitted, but then the call is not protected and a retry \
                      would repeat it."
                 )
+            } else {
+                String::new()
             };
             format!(
                 "Idempotent: calls with the same `{key}` and the same arguments take effect once; \
-                 a retry returns the first result with `replayed: true`. {optional} Reusing it with \
+                 a retry returns the first result with `replayed: true`.{absent} Reusing it with \
                  other arguments answers `status: mismatch` (use a new key for a new request); \
                  `status: in_flight` means the first call still runs: retry later with the same key."
             )
