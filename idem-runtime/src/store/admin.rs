@@ -98,6 +98,20 @@ pub(crate) fn cursor_after(tenant: &str, key: &IdempotencyKey) -> String {
     out
 }
 
+/// Where a walk in (tenant, key) order starts: after the cursor's record, or before everything.
+pub(crate) fn scan_start(
+    cursor: Option<&str>,
+    backend: &'static str,
+) -> Result<(String, Vec<u8>), crate::error::StoreError> {
+    Ok(match cursor {
+        Some(c) => {
+            let (tenant, key) = parse_cursor(c, backend)?;
+            (tenant, key.as_bytes().to_vec())
+        }
+        None => (String::new(), Vec::new()),
+    })
+}
+
 /// Parses [`cursor_after`].
 pub(crate) fn parse_cursor(
     cursor: &str,

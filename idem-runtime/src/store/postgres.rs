@@ -832,13 +832,7 @@ impl AdminStore for PostgresStore {
         limit: usize,
     ) -> StoreFuture<'a, Page> {
         Box::pin(async move {
-            let (after_tenant, after_key) = match cursor {
-                Some(c) => {
-                    let (t, k) = admin::parse_cursor(c, BACKEND)?;
-                    (t, k.as_bytes().to_vec())
-                }
-                None => (String::new(), Vec::new()),
-            };
+            let (after_tenant, after_key) = admin::scan_start(cursor, BACKEND)?;
             let limit = limit.max(1);
             let fetch = i64::try_from(limit + 1).unwrap_or(i64::MAX);
             let rows = self

@@ -1131,13 +1131,7 @@ impl AdminStore for SqliteStore {
         limit: usize,
     ) -> StoreFuture<'a, Page> {
         Box::pin(async move {
-            let (after_tenant, after_key) = match cursor {
-                Some(c) => {
-                    let (t, k) = admin::parse_cursor(c, BACKEND)?;
-                    (t, k.as_bytes().to_vec())
-                }
-                None => (String::new(), Vec::new()),
-            };
+            let (after_tenant, after_key) = admin::scan_start(cursor, BACKEND)?;
             let limit = limit.max(1);
             let records = self.read(|conn| {
                 let sql = format!(

@@ -1,4 +1,6 @@
-//! `idem`: look into an idem store and repair it.
+//! `idem`: look into an idem store and repair it. The binary is the `idem` package's
+//! (`cargo install --path .` at the root of the repository, or `cargo install idem`); this crate
+//! is its implementation.
 //!
 //! ```text
 //! idem --store sqlite://idem.db doctor
@@ -200,7 +202,8 @@ fn now() -> UnixMillis {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-fn main() -> ExitCode {
+/// Runs the `idem` command with the process's arguments; the binary's whole `main`.
+pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -259,10 +262,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
 
 async fn doctor(store: &dyn AdminStore, json: bool) -> Result<ExitCode, Failure> {
     let health = store.health().await?;
-    let skew = match store.server_time().await? {
-        Some(server) => Some(server as i64 - now() as i64),
-        None => None,
-    };
+    let skew = store
+        .server_time()
+        .await?
+        .map(|server| server as i64 - now() as i64);
     let schema_ok = health.schema_version == health.expected_schema_version;
     let skew_ok = skew.is_none_or(|s| s.abs() <= 1000);
     let mut problems = Vec::new();
