@@ -815,3 +815,50 @@ async fn a_background_purger_removes_expired_records_in_batches() {
     }
     assert_eq!(runs.iter().map(|r| effects(r)).sum::<usize>(), 25);
 }
+
+#[idempotent(key = "run_id", mutating, name = "limits.report")]
+async fn big_report(run_id: String, size: usize) -> Result<String, String> {
+    effect(&run_id);
+    Ok("x".repeat(size))
+}
+
+#[tokio::test]
+async fn a_result_too_large_to_keep_is_an_error_never_truncated_and_never_run_twice() {
+    let idem = Idem::builder()
+        .max_result_bytes(1024)
+        .build(idem::store::memory::MemoryStore::new());
+    let tenant = idem.scope("tenant-a");
+    let run = unique("run");
+    let err = tenant.run(big_report(run.clone(), 4096)).await.unwrap_err();
+    let Error::ResultTooLarge {
+        size,
+        limit,
+        replayed: false,
+        ..
+    } = &err
+    else {
+        panic!("{err:?}")
+    };
+    assert_eq!((*size > 4096, *limit), (true, 1024));
+    assert!(err.body_ran(), "the effect happened");
+    assert!(!err.to_string().contains(&run), "{err}");
+    let again = tenant.run(big_report(run.clone(), 4096)).await.unwrap_err();
+    assert!(
+        matches!(again, Error::ResultTooLarge { replayed: true, .. }),
+        "{again:?}"
+    );
+    assert!(!again.body_ran());
+    assert_eq!(effects(&run), 1, "the body ran once");
+    // Under the limit, as before.
+    let small = unique("run");
+    let out = tenant.run(big_report(small.clone(), 100)).await.unwrap();
+    assert!(out.is_fresh());
+    assert!(
+        tenant
+            .run(big_report(small, 100))
+            .await
+            .unwrap()
+            .is_replayed()
+    );
+    assert_eq!(idem::DEFAULT_MAX_RESULT_BYTES, 1 << 20);
+}

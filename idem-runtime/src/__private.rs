@@ -201,6 +201,35 @@ fn decode_stored<T: DeserializeOwned, E: DeserializeOwned>(
     })
 }
 
+/// What a record holds instead of a result too large to keep.
+#[derive(Serialize, Deserialize)]
+struct TooLarge {
+    too_large: TooLargeSize,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TooLargeSize {
+    size: usize,
+    limit: usize,
+}
+
+fn too_large_record(size: usize, limit: usize) -> Vec<u8> {
+    serde_json::to_vec(&TooLarge {
+        too_large: TooLargeSize { size, limit },
+    })
+    .expect("two numbers serialize")
+}
+
+/// `(size, limit)` when the record holds [`too_large_record`] (a stored value or error starts
+/// with `{"ok"` or `{"err"`, never with this).
+fn too_large_marker(bytes: &[u8]) -> Option<(usize, usize)> {
+    if !bytes.starts_with(br#"{"too_large""#) {
+        return None;
+    }
+    let TooLarge { too_large } = serde_json::from_slice(bytes).ok()?;
+    Some((too_large.size, too_large.limit))
+}
+
 fn never_stored() -> serde_json::Error {
     serde::ser::Error::custom("this tool's policy never stores an error")
 }
@@ -484,6 +513,15 @@ where
         }
         Claim::Unknown => return Ok(Outcome::Unknown(Unknown::new(name, key.short_hash()))),
         Claim::Completed { result } => {
+            if let Some((size, limit)) = too_large_marker(&result) {
+                return Err(Error::ResultTooLarge {
+                    tool: name,
+                    key: key.short_hash(),
+                    size,
+                    limit,
+                    replayed: true,
+                });
+            }
             return match <E as ErrorHandling<H>>::decode::<T>(&result) {
                 Ok(Ok(v)) => Ok(Outcome::Replayed(v)),
                 Ok(Err(error)) => Err(Error::Tool {
@@ -554,6 +592,13 @@ where
         }
         Some((_, Err(source))) => return Err(not_stored(source)),
         Some((status, Ok(bytes))) => {
+            // Never truncated: a result too large to keep is recorded as such.
+            let limit = idem.max_result_bytes();
+            let too_large = (bytes.len() > limit).then_some(bytes.len());
+            let bytes = match too_large {
+                Some(size) => too_large_record(size, limit),
+                None => bytes,
+            };
             let settled =
                 settle(token, status, bytes)
                     .await
@@ -566,6 +611,15 @@ where
                 return Err(Error::LeaseLost {
                     tool: name,
                     key: key.short_hash(),
+                });
+            }
+            if let Some(size) = too_large {
+                return Err(Error::ResultTooLarge {
+                    tool: name,
+                    key: key.short_hash(),
+                    size,
+                    limit,
+                    replayed: false,
                 });
             }
         }

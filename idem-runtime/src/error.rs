@@ -150,6 +150,22 @@ pub enum Error<E> {
         /// The check's error.
         error: E,
     },
+    /// The body ran, but its encoded result (or stored error) is larger than the runtime keeps
+    /// ([`IdemBuilder::max_result_bytes`](crate::IdemBuilder::max_result_bytes)). The record says
+    /// so, nothing is truncated, and every retry gets this error (`replayed: true`) without
+    /// running the body again.
+    ResultTooLarge {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// Short hash of the key.
+        key: KeyHash,
+        /// The encoded size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+        /// Whether this is a retry answered from the record.
+        replayed: bool,
+    },
     /// The stored result of an earlier call could not be decoded into the tool's return type
     /// (the type changed since it was stored).
     StoredResultUnreadable {
@@ -189,6 +205,10 @@ impl<E> Error<E> {
             } | Error::LeaseLost { .. }
                 | Error::ResultNotStored { .. }
                 | Error::CompletionFailed { .. }
+                | Error::ResultTooLarge {
+                    replayed: false,
+                    ..
+                }
         )
     }
 
@@ -229,6 +249,19 @@ impl<E> Error<E> {
             Error::StoredResultUnreadable { tool, key, source } => {
                 Error::StoredResultUnreadable { tool, key, source }
             }
+            Error::ResultTooLarge {
+                tool,
+                key,
+                size,
+                limit,
+                replayed,
+            } => Error::ResultTooLarge {
+                tool,
+                key,
+                size,
+                limit,
+                replayed,
+            },
         }
     }
 }
@@ -290,6 +323,17 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 "tool `{tool}` (key {key}): the body ran but the store failed while recording \
                  its result; the key stays claimed until its lease lapses"
             ),
+            Error::ResultTooLarge {
+                tool,
+                key,
+                size,
+                limit,
+                ..
+            } => write!(
+                f,
+                "tool `{tool}` (key {key}): its result is {size} bytes, over the limit of {limit} \
+                 the store keeps; the call took effect once, and its result cannot be replayed"
+            ),
             Error::StoredResultUnreadable { tool, key, .. } => write!(
                 f,
                 "tool `{tool}` (key {key}): the stored result does not decode into the \
@@ -313,7 +357,8 @@ impl<E: StdError + 'static> StdError for Error<E> {
             Error::MissingKey { .. }
             | Error::InvalidTenant { .. }
             | Error::NoRuntime { .. }
-            | Error::LeaseLost { .. } => None,
+            | Error::LeaseLost { .. }
+            | Error::ResultTooLarge { .. } => None,
         }
     }
 }

@@ -15,6 +15,9 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Default lease of an in-flight call: after it, a retry may take an orphaned call over.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+/// The default of [`IdemBuilder::max_result_bytes`]: 1 MiB.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
+
 /// The schemes [`Idem::open`] accepts in this build, and the features that add the others.
 fn schemes() -> String {
     let mut on = vec!["memory://"];
@@ -57,6 +60,7 @@ struct Inner {
     ttl: Duration,
     lease: Duration,
     retry_window: Duration,
+    max_result_bytes: usize,
     clock: Arc<dyn Clock>,
 }
 
@@ -83,6 +87,7 @@ impl Idem {
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             retry_window: None,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             clock: Arc::new(SystemClock),
         }
     }
@@ -189,6 +194,11 @@ impl Idem {
         self.inner.retry_window
     }
 
+    /// The largest result a record keeps.
+    pub fn max_result_bytes(&self) -> usize {
+        self.inner.max_result_bytes
+    }
+
     /// The clock leases and TTLs are measured with.
     pub fn clock(&self) -> &dyn Clock {
         &*self.inner.clock
@@ -235,6 +245,7 @@ pub struct IdemBuilder {
     ttl: Duration,
     lease: Duration,
     retry_window: Option<Duration>,
+    max_result_bytes: usize,
     clock: Arc<dyn Clock>,
 }
 
@@ -258,6 +269,14 @@ impl IdemBuilder {
         self
     }
 
+    /// The largest result a record keeps (default [`DEFAULT_MAX_RESULT_BYTES`]). A larger one is
+    /// never truncated: the call answers [`Error::ResultTooLarge`](crate::Error::ResultTooLarge),
+    /// and so does every retry, since the effect happened and cannot be replayed.
+    pub fn max_result_bytes(mut self, bytes: usize) -> Self {
+        self.max_result_bytes = bytes;
+        self
+    }
+
     /// The clock (the system clock unless set).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -277,6 +296,7 @@ impl IdemBuilder {
                 ttl: self.ttl,
                 lease: self.lease,
                 retry_window: self.retry_window.unwrap_or(self.ttl),
+                max_result_bytes: self.max_result_bytes,
                 clock: self.clock,
             }),
         };
