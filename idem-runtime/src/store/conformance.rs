@@ -27,7 +27,7 @@ use crate::key::{IdempotencyKey, KeyPart, derive_key};
 #[macro_export]
 macro_rules! store_conformance_tests {
     (maybe: $make:expr) => {
-        $crate::store_conformance_tests!(@each $make;
+        $crate::store_conformance_tests!(@each dyn $crate::store::Store; $make;
             acquire_complete_replay,
             mismatch_is_checked_first,
             lapsed_lease_is_taken_over_and_fenced,
@@ -46,13 +46,13 @@ macro_rules! store_conformance_tests {
     ($make:expr) => {
         $crate::store_conformance_tests!(maybe: async { ::core::option::Option::Some($make.await) });
     };
-    (@each $make:expr; $($check:ident),*) => {$(
+    (@each $store:ty; $make:expr; $($check:ident),*) => {$(
         #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn $check() {
             let ::core::option::Option::Some(store) = $make.await else {
                 return;
             };
-            let store: ::std::sync::Arc<dyn $crate::store::Store> = ::std::sync::Arc::new(store);
+            let store: ::std::sync::Arc<$store> = ::std::sync::Arc::new(store);
             $crate::store::conformance::$check(store).await;
         }
     )*};
@@ -63,7 +63,7 @@ macro_rules! store_conformance_tests {
 #[macro_export]
 macro_rules! admin_conformance_tests {
     (maybe: $make:expr) => {
-        $crate::admin_conformance_tests!(@each $make;
+        $crate::store_conformance_tests!(@each dyn $crate::store::admin::AdminStore; $make;
             scan_walks_a_tenant_in_pages,
             resolve_settles_only_blocked_records
         );
@@ -71,17 +71,6 @@ macro_rules! admin_conformance_tests {
     ($make:expr) => {
         $crate::admin_conformance_tests!(maybe: async { ::core::option::Option::Some($make.await) });
     };
-    (@each $make:expr; $($check:ident),*) => {$(
-        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn $check() {
-            let ::core::option::Option::Some(store) = $make.await else {
-                return;
-            };
-            let store: ::std::sync::Arc<dyn $crate::store::admin::AdminStore> =
-                ::std::sync::Arc::new(store);
-            $crate::store::conformance::$check(store).await;
-        }
-    )*};
 }
 
 /// The URL of a test server from the environment variable `var`
