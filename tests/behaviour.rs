@@ -862,3 +862,36 @@ async fn a_result_too_large_to_keep_is_an_error_never_truncated_and_never_run_tw
     );
     assert_eq!(idem::DEFAULT_MAX_RESULT_BYTES, 1 << 20);
 }
+
+#[tokio::test]
+async fn arguments_too_large_to_fingerprint_are_refused_before_the_store() {
+    #[idempotent(key = "run_id", mutating, name = "limits.upload")]
+    async fn upload(run_id: String, blob: String) -> Result<usize, String> {
+        effect(&run_id);
+        Ok(blob.len())
+    }
+    let store = Arc::new(CountingStore::default());
+    let idem = Idem::with_store(store.clone());
+    let run = unique("run");
+    let blob = "b".repeat(idem::fingerprint::MAX_ARGUMENT_BYTES);
+    let err = idem
+        .scope("tenant-a")
+        .run(upload(run.clone(), blob))
+        .await
+        .unwrap_err();
+    let Error::Unfingerprintable { source, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        matches!(source, idem::canonical::CanonicalError::TooLarge { limit, .. } if *limit == 1 << 20),
+        "{source:?}"
+    );
+    assert!(!err.body_ran());
+    assert_eq!(store.count(), 0, "the store was never asked");
+    assert_eq!(effects(&run), 0);
+    let small = idem
+        .scope("tenant-a")
+        .run(upload(run.clone(), "b".repeat(1000)))
+        .await;
+    assert!(small.unwrap().is_fresh());
+}

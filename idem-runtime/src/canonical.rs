@@ -37,6 +37,14 @@ pub enum CanonicalError {
     /// The value's own `Serialize` implementation failed.
     #[error("the value's Serialize implementation failed: {0}")]
     Custom(String),
+    /// The arguments' canonical JSON is larger than idem fingerprints.
+    #[error("the arguments are {size} bytes as canonical JSON, over the limit of {limit}")]
+    TooLarge {
+        /// Their size in bytes.
+        size: usize,
+        /// The limit ([`MAX_ARGUMENT_BYTES`](crate::fingerprint::MAX_ARGUMENT_BYTES)).
+        limit: usize,
+    },
 }
 
 impl ser::Error for CanonicalError {
