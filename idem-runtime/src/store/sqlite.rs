@@ -583,6 +583,14 @@ impl SqliteStore {
 
     /// Queues a write and waits for the commit that carries it, leading that commit if no one
     /// else is.
+    /// [`SqliteStore::write`] for the operations that answer whether a fenced write applied.
+    async fn write_fenced(&self, op: Op) -> Result<Fenced, StoreError> {
+        match self.write(op).await? {
+            Reply::Fenced(f) => Ok(f),
+            _ => Err(unexpected()),
+        }
+    }
+
     async fn write(&self, op: Op) -> Result<Reply, StoreError> {
         let mut op = op;
         let mut front = false;
@@ -1022,10 +1030,7 @@ impl Store for SqliteStore {
                 result: c.result.to_vec(),
                 expires_at: after(c.now, c.ttl),
             };
-            match self.write(op).await? {
-                Reply::Fenced(f) => Ok(f),
-                _ => Err(unexpected()),
-            }
+            self.write_fenced(op).await
         })
     }
 
@@ -1041,10 +1046,7 @@ impl Store for SqliteStore {
                 key,
                 token,
             };
-            match self.write(op).await? {
-                Reply::Fenced(f) => Ok(f),
-                _ => Err(unexpected()),
-            }
+            self.write_fenced(op).await
         })
     }
 
@@ -1117,10 +1119,7 @@ impl AdminStore for SqliteStore {
                 tenant: tenant.to_owned(),
                 key,
             };
-            match self.write(op).await? {
-                Reply::Fenced(f) => Ok(f),
-                _ => Err(unexpected()),
-            }
+            self.write_fenced(op).await
         })
     }
 
@@ -1174,10 +1173,7 @@ impl AdminStore for SqliteStore {
                 reason: reason.to_owned(),
                 now,
             };
-            match self.write(op).await? {
-                Reply::Fenced(f) => Ok(f),
-                _ => Err(unexpected()),
-            }
+            self.write_fenced(op).await
         })
     }
 }
