@@ -8,15 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{effect, effects, unique};
+use common::{CountingStore, effect, effects, unique};
 use idem::retry::{DeadLetterReason, RetryError, RetryPolicy, retry};
 use idem::store::admin::AdminStore;
-use idem::store::memory::MemoryStore;
-use idem::store::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Store, StoreFuture, StoreHealth,
-    UnixMillis,
-};
-use idem::{Error, Idem, IdempotencyKey, Outcome, StoreError, StoreErrorKind, idempotent};
+use idem::{Error, Idem, Outcome, idempotent};
 
 #[idempotent(key = "run_id", mutating, name = "retry.charge", skip = "hold_ms")]
 async fn charge(run_id: String, amount: u64, hold_ms: u64) -> Result<u64, String> {
@@ -128,61 +123,11 @@ async fn a_step_in_flight_for_the_whole_budget_is_dead_lettered_once() {
     stuck.abort();
 }
 
-/// A memory store whose claims fail while `down` says so (dead-letter writes go through).
-struct Flaky {
-    inner: Arc<MemoryStore>,
-    down: Arc<AtomicUsize>,
-}
-
-fn unavailable() -> StoreError {
-    StoreError::new("flaky", StoreErrorKind::Unavailable, "connection refused")
-}
-
-impl Store for Flaky {
-    fn backend(&self) -> &'static str {
-        "flaky"
-    }
-    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
-        if req.tool != idem::retry::DEAD_LETTER_TOOL && self.down.load(Ordering::SeqCst) > 0 {
-            self.down.fetch_sub(1, Ordering::SeqCst);
-            return Box::pin(async { Err(unavailable()) });
-        }
-        self.inner.claim(req)
-    }
-    fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
-        self.inner.complete(c)
-    }
-    fn release<'a>(
-        &'a self,
-        tenant: &'a str,
-        key: IdempotencyKey,
-        token: FencingToken,
-    ) -> StoreFuture<'a, Fenced> {
-        self.inner.release(tenant, key, token)
-    }
-    fn lookup<'a>(
-        &'a self,
-        tenant: &'a str,
-        key: IdempotencyKey,
-    ) -> StoreFuture<'a, Option<Record>> {
-        self.inner.lookup(tenant, key)
-    }
-    fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
-        self.inner.purge_expired(now, limit)
-    }
-    fn health(&self) -> StoreFuture<'_, StoreHealth> {
-        self.inner.health()
-    }
-}
-
 #[tokio::test]
 async fn a_store_outage_is_retried_then_dead_lettered() {
-    let inner = Arc::new(MemoryStore::new());
-    let down = Arc::new(AtomicUsize::new(3));
-    let idem = Idem::with_store(Flaky {
-        inner: inner.clone(),
-        down: down.clone(),
-    });
+    let store = Arc::new(CountingStore::default());
+    store.fail_claims.store(3, Ordering::SeqCst);
+    let idem = Idem::with_store(store.clone());
     let tenant = idem.scope("tenant-a");
 
     // A short outage: retried through it.
@@ -195,7 +140,7 @@ async fn a_store_outage_is_retried_then_dead_lettered() {
     assert_eq!(effects(&run), 1);
 
     // An outage longer than the budget: the step is dead-lettered with its reason.
-    down.store(usize::MAX / 2, Ordering::SeqCst);
+    store.fail_claims.store(usize::MAX / 2, Ordering::SeqCst);
     let run = unique("run");
     let err = tenant
         .run(retry(&quick(100), || charge(run.clone(), 5, 0)))
@@ -217,7 +162,7 @@ async fn a_store_outage_is_retried_then_dead_lettered() {
         0,
         "the body never ran on a store it could not claim in"
     );
-    let page = inner.scan(Some("tenant-a"), None, 100).await.unwrap();
+    let page = store.inner.scan(Some("tenant-a"), None, 100).await.unwrap();
     let letters: Vec<_> = page
         .records
         .iter()

@@ -87,12 +87,14 @@ impl Store for DownStore {
 }
 
 /// A memory store that counts the operations it is asked for, and can be told to fail
-/// completions (a store that goes down while the body runs).
+/// completions (a store that goes down while the body runs) or the next claims of tools
+/// (dead-letter writes, of the retry executor, still go through).
 #[derive(Default)]
 pub struct CountingStore {
     pub inner: MemoryStore,
     pub operations: AtomicUsize,
     pub fail_completions: std::sync::atomic::AtomicBool,
+    pub fail_claims: AtomicUsize,
 }
 
 impl CountingStore {
@@ -110,6 +112,14 @@ impl Store for CountingStore {
     }
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
         self.tick();
+        let failing = req.tool != idem::retry::DEAD_LETTER_TOOL
+            && self
+                .fail_claims
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if failing {
+            return Box::pin(async { Err(down()) });
+        }
         self.inner.claim(req)
     }
     fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
