@@ -66,6 +66,38 @@ where
     });
 }
 
+/// Like [`sequential`], but each timed call of `timed` follows an untimed call of `other`.
+fn paired<T, TF, O, OF>(
+    b: &mut criterion::Bencher<'_>,
+    rt: &tokio::runtime::Runtime,
+    timed: T,
+    other: O,
+) where
+    T: Fn(u64) -> TF + Clone + Send + 'static,
+    TF: Future<Output = ()> + Send,
+    O: Fn(u64) -> OF + Clone + Send + 'static,
+    OF: Future<Output = ()> + Send,
+{
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    b.iter_custom(|iters| {
+        let (timed, other) = (timed.clone(), other.clone());
+        rt.block_on(async move {
+            tokio::spawn(async move {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    other(NEXT.fetch_add(1, Ordering::Relaxed)).await;
+                    let start = Instant::now();
+                    timed(NEXT.fetch_add(1, Ordering::Relaxed)).await;
+                    spent += start.elapsed();
+                }
+                spent
+            })
+            .await
+            .expect("task")
+        })
+    });
+}
+
 struct RawPostgres {
     client: tokio_postgres::Client,
     select: tokio_postgres::Statement,
@@ -287,27 +319,29 @@ fn fresh<R: Raw>(
     group.measurement_time(Duration::from_secs(6));
     let idem = rt.block_on(Idem::open(url)).expect("open");
     let tenant = idem.scope(run_tenant());
-    group.bench_function("idem", |b| {
+    let ours = move |step: u64| {
         let tenant = tenant.clone();
-        sequential(b, rt, move |step| {
-            let tenant = tenant.clone();
-            async move {
-                let out = tenant
-                    .run(register_payment("run-1".into(), step, "cus_42".into(), 500))
-                    .await
-                    .expect("call");
-                assert!(out.is_fresh());
-                out
-            }
-        })
-    });
-    let raw = raw.clone();
-    group.bench_function("raw_two_writes", move |b| {
+        async move {
+            let out = tenant
+                .run(register_payment("run-1".into(), step, "cus_42".into(), 500))
+                .await
+                .expect("call");
+            assert!(out.is_fresh());
+        }
+    };
+    let theirs = {
         let raw = raw.clone();
-        sequential(b, rt, move |n| {
+        move |n: u64| {
             let raw = raw.clone();
             async move { raw.two_writes(n).await }
-        })
+        }
+    };
+    // Paired: each timed call follows one untimed call of the other side, so both sides are
+    // measured under the same write load, table sizes and checkpoints (a server whose disk
+    // latency drifts over a run would otherwise favour whichever side ran first).
+    group.bench_function("idem", |b| paired(b, rt, ours.clone(), theirs.clone()));
+    group.bench_function("raw_two_writes", |b| {
+        paired(b, rt, theirs.clone(), ours.clone())
     });
     group.finish();
 }

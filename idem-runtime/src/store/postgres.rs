@@ -3,11 +3,15 @@
 //! `Idem::open("postgres://user@host/db")` connects (a pool) and creates or checks the schema.
 //! What it guarantees:
 //!
-//! - **One round trip per claim.** The decision table of DESIGN §2 runs inside the server, in
-//!   the function `idem_claim` the schema installs. A claim that only reads (replay, mismatch,
-//!   in flight) takes no lock and writes nothing; a claim that writes (insert, expired key,
-//!   takeover of an orphan) does it with a conditional statement that the server re-checks under
-//!   the row lock, so concurrent claims of one key from any number of processes have one winner.
+//! - **Atomic claims, one round trip in the common cases.** The decision table of DESIGN §2 runs
+//!   inside the server. A new key, a replay, a mismatch, a live in-flight record and a blocked
+//!   unknown one are decided by one plain statement (read, and insert when nothing is there,
+//!   under one snapshot); the rare rest (an expired key, a lapsed lease, a claim sent again
+//!   after a lost answer, a key inserted by another claim at the same instant) makes nothing
+//!   there and goes to the function `idem_claim` the schema installs, one more round trip. A
+//!   claim that only reads takes no lock and writes nothing; a claim that writes does it with a
+//!   conditional statement that the server re-checks under the row lock (the insert by its
+//!   primary key), so concurrent claims of one key from any number of processes have one winner.
 //! - **Durable claims.** The claim commits before [`Claim::Acquired`] is answered; with the
 //!   server's defaults (`fsync=on`, `synchronous_commit=on`) that commit survives a crash of
 //!   the server. [`StoreHealth::durable`] reports the server's settings.
@@ -170,6 +174,12 @@ const BLOCKED: &str = "tenant = $1 AND key = $2 \
 /// The SQL of one schema, with its name substituted once.
 #[derive(Debug)]
 struct Sql {
+    /// The common claims in one plain statement (no function call): a new key is inserted, and a
+    /// live record answers replay, mismatch, in flight or unknown from one snapshot. Anything
+    /// else (expired, lapsed lease, this claim sent again, a concurrent insert) answers `-1` or
+    /// no row, and the claim goes to [`Sql::claim`].
+    claim_fast: String,
+    /// The whole decision table: the schema's function `idem_claim`.
     claim: String,
     complete: String,
     release: String,
@@ -186,6 +196,25 @@ impl Sql {
     fn new(schema: &str) -> Self {
         let t = format!("\"{schema}\".idem_records");
         Sql {
+            claim_fast: format!(
+                "WITH held AS (SELECT fingerprint, status, token, lease_expires_at, expires_at, \
+                 result FROM {t} WHERE tenant = $1::text AND key = $2::bytea), \
+                 ins AS (INSERT INTO {t} (tenant, key, tool, fingerprint, status, token, \
+                 lease_expires_at, created_at, expires_at) SELECT $1, $2, $3::text, $4::bytea, \
+                 'in_flight', $5::bigint, $6::bigint + $7::bigint, $6, $6 + $8::bigint \
+                 WHERE NOT EXISTS (SELECT 1 FROM held) \
+                 ON CONFLICT (tenant, key) DO NOTHING RETURNING token) \
+                 SELECT 0::smallint, token, NULL::bigint, NULL::bigint, NULL::bytea FROM ins \
+                 UNION ALL \
+                 SELECT CASE WHEN h.expires_at <= $6 THEN -1 \
+                 WHEN h.fingerprint <> $4 THEN 2 \
+                 WHEN h.status = 'completed' THEN 3 \
+                 WHEN h.token = $5 THEN -1 \
+                 WHEN h.status = 'unknown' THEN CASE WHEN $9::smallint = 1 THEN -1 ELSE 5 END \
+                 WHEN h.lease_expires_at > $6 THEN 4 \
+                 ELSE -1 END::smallint, NULL, h.lease_expires_at, h.expires_at, h.result \
+                 FROM held h"
+            ),
             claim: format!(
                 "SELECT decision, token, lease_expires_at, expires_at, result \
                  FROM \"{schema}\".idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)"
@@ -606,27 +635,26 @@ impl Store for PostgresStore {
                 return Ok(answer);
             }
             let token = FencingToken::generate();
-            let rows = self
-                .query(
-                    OP,
-                    &self.inner.sql.claim,
-                    &[
-                        &req.tenant,
-                        &&req.key.as_bytes()[..],
-                        &req.tool,
-                        &&req.fingerprint.as_bytes()[..],
-                        &(token.get() as i64),
-                        &db_time(req.now),
-                        &db_millis(req.lease),
-                        &db_millis(req.ttl),
-                        &match req.orphans {
-                            Orphans::TakeOver => 0i16,
-                            Orphans::Reconcile => 1,
-                            Orphans::Block => 2,
-                        },
-                    ],
-                )
-                .await?;
+            let params: [&(dyn ToSql + Sync); 9] = [
+                &req.tenant,
+                &&req.key.as_bytes()[..],
+                &req.tool,
+                &&req.fingerprint.as_bytes()[..],
+                &(token.get() as i64),
+                &db_time(req.now),
+                &db_millis(req.lease),
+                &db_millis(req.ttl),
+                &match req.orphans {
+                    Orphans::TakeOver => 0i16,
+                    Orphans::Reconcile => 1,
+                    Orphans::Block => 2,
+                },
+            ];
+            let rows = self.query(OP, &self.inner.sql.claim_fast, &params).await?;
+            if let Some(row) = rows.first().filter(|row| row.get::<_, i16>(0) >= 0) {
+                return decode_claim(row, token, req, replays);
+            }
+            let rows = self.query(OP, &self.inner.sql.claim, &params).await?;
             let row = rows
                 .first()
                 .ok_or_else(|| corrupt(OP, "the claim answered no row"))?;
@@ -919,6 +947,50 @@ mod tests {
         assert!(PostgresOptions::from_url("postgres://h/db?pool_size=0").is_err());
         assert!(PostgresOptions::from_url("postgres://h/db?sslmode=require").is_err());
         assert!(PostgresOptions::from_url("postgres://h/db?no_such_option=1").is_err());
+    }
+
+    /// A claim whose answer was lost is sent again with the same token (see `query`): the
+    /// plain statement leaves it to the function, which recognises the claim as its own.
+    #[tokio::test]
+    async fn a_claim_sent_again_is_recognised_as_its_own() {
+        let Some(url) = crate::store::conformance::test_server_url("IDEM_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let store = PostgresStore::open_url(&url).await.expect("open");
+        let tenant = format!("resent-{}", uuid::Uuid::new_v4().simple());
+        let key = [7u8; 32];
+        let token = 4242i64;
+        let params: [&(dyn ToSql + Sync); 9] = [
+            &tenant,
+            &&key[..],
+            &"tool",
+            &&[1u8; 32][..],
+            &token,
+            &1_000i64,
+            &30_000i64,
+            &60_000i64,
+            &0i16,
+        ];
+        let decision = |rows: Vec<Row>| rows.first().map(|r| r.get::<_, i16>(0));
+        let sql = &store.inner.sql;
+        let first = store.query("claim", &sql.claim_fast, &params).await;
+        assert_eq!(
+            decision(first.expect("first")),
+            Some(0),
+            "a new key is inserted"
+        );
+        let again = store.query("claim", &sql.claim_fast, &params).await;
+        assert_eq!(
+            decision(again.expect("again")),
+            Some(-1),
+            "left to the function"
+        );
+        let full = store.query("claim", &sql.claim, &params).await;
+        assert_eq!(
+            decision(full.expect("function")),
+            Some(0),
+            "its own, created now"
+        );
     }
 
     mod conformance {
