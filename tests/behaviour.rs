@@ -873,7 +873,7 @@ async fn arguments_too_large_to_fingerprint_are_refused_before_the_store() {
     let store = Arc::new(CountingStore::default());
     let idem = Idem::with_store(store.clone());
     let run = unique("run");
-    let blob = "b".repeat(idem::fingerprint::MAX_ARGUMENT_BYTES);
+    let blob = "b".repeat(idem::DEFAULT_MAX_ARGUMENT_BYTES);
     let err = idem
         .scope("tenant-a")
         .run(upload(run.clone(), blob))
@@ -894,4 +894,27 @@ async fn arguments_too_large_to_fingerprint_are_refused_before_the_store() {
         .run(upload(run.clone(), "b".repeat(1000)))
         .await;
     assert!(small.unwrap().is_fresh());
+
+    // The limit is the runtime's to set: 2,000 bytes refuses what 1 MiB took.
+    let strict = Idem::builder()
+        .max_argument_bytes(2_000)
+        .build(store.clone());
+    assert_eq!(strict.max_argument_bytes(), 2_000);
+    let other = unique("run");
+    let err = strict
+        .scope("tenant-a")
+        .run(upload(other.clone(), "b".repeat(3_000)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Unfingerprintable { source: idem::canonical::CanonicalError::TooLarge { limit: 2_000, size }, .. } if *size > 3_000),
+        "{err:?}"
+    );
+    assert!(!err.body_ran());
+    assert_eq!(effects(&other), 0);
+    let fits = strict
+        .scope("tenant-a")
+        .run(upload(other.clone(), "b".repeat(1_900)))
+        .await;
+    assert!(fits.unwrap().is_fresh());
 }

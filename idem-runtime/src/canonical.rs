@@ -42,7 +42,7 @@ pub enum CanonicalError {
     TooLarge {
         /// Their size in bytes.
         size: usize,
-        /// The limit ([`MAX_ARGUMENT_BYTES`](crate::fingerprint::MAX_ARGUMENT_BYTES)).
+        /// The limit ([`Idem::max_argument_bytes`](crate::Idem::max_argument_bytes)).
         limit: usize,
     },
 }

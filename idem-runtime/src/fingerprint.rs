@@ -53,11 +53,6 @@ pub fn fingerprint<T: Serialize + ?Sized>(
     Ok(Fingerprint::of_canonical(&to_canonical_json(value, skip)?))
 }
 
-/// The largest argument list a keyed call fingerprints, as canonical JSON: 1 MiB. A call with
-/// larger arguments fails before the store is touched (`Error::Unfingerprintable`): arguments
-/// that large belong in a store of their own, passed to the tool by reference.
-pub const MAX_ARGUMENT_BYTES: usize = 1 << 20;
-
 /// Builds the fingerprint of a tool's argument list, one named argument at a time.
 ///
 /// The result equals [`fingerprint`] of a JSON object whose members are the arguments: tools
@@ -99,18 +94,22 @@ impl<'s> ArgsFingerprint<'s> {
         self
     }
 
-    /// The fingerprint of the arguments added so far; arguments larger than
-    /// [`MAX_ARGUMENT_BYTES`] as canonical JSON are refused.
+    /// The fingerprint of the arguments added so far. Arguments larger, as canonical JSON, than
+    /// the running scope's [`Idem::max_argument_bytes`](crate::Idem::max_argument_bytes) (outside
+    /// a scope: [`DEFAULT_MAX_ARGUMENT_BYTES`](crate::DEFAULT_MAX_ARGUMENT_BYTES)) are refused.
     pub fn finish(self) -> Result<Fingerprint, CanonicalError> {
+        let limit = crate::Scope::current().map_or(crate::DEFAULT_MAX_ARGUMENT_BYTES, |s| {
+            s.idem().max_argument_bytes()
+        });
         if let Some(e) = self.error {
             return Err(e);
         }
         let mut out = Vec::with_capacity(128);
         self.members.write_to(&mut out)?;
-        if out.len() > MAX_ARGUMENT_BYTES {
+        if out.len() > limit {
             return Err(CanonicalError::TooLarge {
                 size: out.len(),
-                limit: MAX_ARGUMENT_BYTES,
+                limit,
             });
         }
         Ok(Fingerprint::of_canonical(&out))

@@ -46,7 +46,10 @@ pub use key::{
 };
 pub use outcome::{InFlight, Mismatch, Outcome, Unknown};
 pub use registry::audit;
-pub use runtime::{DEFAULT_LEASE, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL, Idem, IdemBuilder, Scope};
+pub use runtime::{
+    DEFAULT_LEASE, DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL, Idem,
+    IdemBuilder, Scope,
+};
 
 /// The return type of an `#[idempotent]` tool: a `Result<T, E>` (or an alias of one).
 ///

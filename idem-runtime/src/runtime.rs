@@ -18,6 +18,9 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The default of [`IdemBuilder::max_result_bytes`]: 1 MiB.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
 
+/// The default of [`IdemBuilder::max_argument_bytes`]: 1 MiB of canonical JSON.
+pub const DEFAULT_MAX_ARGUMENT_BYTES: usize = 1 << 20;
+
 /// The schemes [`Idem::open`] accepts in this build, and the features that add the others.
 fn schemes() -> String {
     let mut on = vec!["memory://"];
@@ -61,6 +64,7 @@ struct Inner {
     lease: Duration,
     retry_window: Duration,
     max_result_bytes: usize,
+    max_argument_bytes: usize,
     clock: Arc<dyn Clock>,
 }
 
@@ -88,6 +92,7 @@ impl Idem {
             lease: DEFAULT_LEASE,
             retry_window: None,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            max_argument_bytes: DEFAULT_MAX_ARGUMENT_BYTES,
             clock: Arc::new(SystemClock),
         }
     }
@@ -199,6 +204,11 @@ impl Idem {
         self.inner.max_result_bytes
     }
 
+    /// The largest argument list a keyed call fingerprints, as canonical JSON.
+    pub fn max_argument_bytes(&self) -> usize {
+        self.inner.max_argument_bytes
+    }
+
     /// The clock leases and TTLs are measured with.
     pub fn clock(&self) -> &dyn Clock {
         &*self.inner.clock
@@ -246,6 +256,7 @@ pub struct IdemBuilder {
     lease: Duration,
     retry_window: Option<Duration>,
     max_result_bytes: usize,
+    max_argument_bytes: usize,
     clock: Arc<dyn Clock>,
 }
 
@@ -277,6 +288,16 @@ impl IdemBuilder {
         self
     }
 
+    /// The largest argument list a keyed call fingerprints, as canonical JSON (default
+    /// [`DEFAULT_MAX_ARGUMENT_BYTES`]). A call with larger arguments fails before the store is
+    /// touched and before the body runs ([`Error::Unfingerprintable`](crate::Error::Unfingerprintable)
+    /// with [`CanonicalError::TooLarge`](crate::canonical::CanonicalError::TooLarge)): arguments
+    /// that large belong in a store of their own, passed to the tool by reference.
+    pub fn max_argument_bytes(mut self, bytes: usize) -> Self {
+        self.max_argument_bytes = bytes;
+        self
+    }
+
     /// The clock (the system clock unless set).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -297,6 +318,7 @@ impl IdemBuilder {
                 lease: self.lease,
                 retry_window: self.retry_window.unwrap_or(self.ttl),
                 max_result_bytes: self.max_result_bytes,
+                max_argument_bytes: self.max_argument_bytes,
                 clock: self.clock,
             }),
         };

@@ -99,6 +99,7 @@ pub(crate) fn cursor_after(tenant: &str, key: &IdempotencyKey) -> String {
 }
 
 /// Where a walk in (tenant, key) order starts: after the cursor's record, or before everything.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn scan_start(
     cursor: Option<&str>,
     backend: &'static str,

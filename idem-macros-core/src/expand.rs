@@ -23,7 +23,7 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-fn try_expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
+pub fn try_expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
     let args: Args = syn::parse2(attr)?;
     let tool = Tool::from_item(item)?;
     let checked = valid::check(args, tool)?;

@@ -1,0 +1,81 @@
+//! The expansion of idem's `#[idempotent]` attribute as a plain library: the proc-macro crate
+//! `idem-macros` is a one-line shim over [`expand`], and the fuzz targets (`fuzz/`) call the same
+//! code on arbitrary attributes, items and durations without a compiler around it. Use the
+//! attribute through the `idem` facade, whose documentation describes every option.
+//!
+//! The pipeline, one stage per file: `args.rs` parses the attribute, `ast.rs` builds the checked
+//! model of the tool fn, `valid.rs` applies the semantic rules, `expand.rs` writes the thin glue
+//! that calls the runtime, and `fallback.rs` writes the error output (the `compile_error!` and the
+//! user's function, so that call sites still resolve).
+
+mod args;
+mod ast;
+pub mod duration;
+mod expand;
+mod fallback;
+mod valid;
+
+use proc_macro2::TokenStream;
+
+/// Expands `#[idempotent(attr)] item`. Never fails: a wrong attribute or item becomes a
+/// `compile_error!` next to the user's function, so that call sites still resolve.
+pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
+    expand::idempotent(attr, item)
+}
+
+/// Parses and checks `#[idempotent(attr)] item` as [`expand`] does, and answers the first
+/// error's message instead of tokens.
+pub fn check(attr: TokenStream, item: TokenStream) -> Result<(), String> {
+    let item: syn::ItemFn = syn::parse2(item).map_err(|e| e.to_string())?;
+    expand::try_expand(attr, item)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check, expand};
+    use quote::quote;
+
+    #[test]
+    fn a_keyed_tool_expands_without_errors() {
+        let attr = quote!(key = "run_id", mutating);
+        let item = quote!(
+            async fn pay(run_id: String, amount: u64) -> Result<u64, E> {
+                Ok(amount)
+            }
+        );
+        assert_eq!(check(attr.clone(), item.clone()), Ok(()));
+        let out = expand(attr, item).to_string();
+        assert!(out.contains("run_keyed"), "{out}");
+        assert!(!out.contains("compile_error"), "{out}");
+        syn::parse_str::<syn::File>(&out).expect("the expansion is Rust");
+    }
+
+    #[test]
+    fn errors_become_one_compile_error_beside_the_function() {
+        let item = quote!(
+            async fn pay(amount: u64) -> Result<u64, E> {
+                Ok(amount)
+            }
+        );
+        let message = check(quote!(mutating), item.clone()).unwrap_err();
+        assert!(message.contains("key"), "{message}");
+        let out = expand(quote!(mutating), item).to_string();
+        assert_eq!(out.matches("compile_error").count(), 1, "{out}");
+        assert!(
+            out.contains("async fn pay"),
+            "the user's function stays: {out}"
+        );
+
+        let out = expand(
+            quote!(natural),
+            quote!(
+                struct NotAFunction;
+            ),
+        )
+        .to_string();
+        assert!(out.starts_with(":: core :: compile_error !"), "{out}");
+        assert!(out.ends_with("struct NotAFunction ;"), "{out}");
+    }
+}
