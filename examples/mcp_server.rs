@@ -5,16 +5,24 @@
 //! - `assign_shift` (state check): asks the roster first and answers `already_assigned`;
 //! - `set_status` (natural): safe to repeat as it is;
 //!
-//! and a read-only `list_charges`, the ledger. Every answer is structured content with `status`
-//! (`ok`, `in_flight`, `mismatch`, …) and `replayed`.
+//! plus `charge_run_step`, keyed by the run and step ids the host sends in the request's `_meta`
+//! (the model never sees the key), and a read-only `list_charges`, the ledger. Every answer is
+//! structured content with `status` (`ok`, `in_flight`, `mismatch`, …) and `replayed`.
 //!
 //! ```text
-//! cargo run --example mcp_server -- [--store URL]     # default: sqlite://mcp-idem.db
+//! cargo run --example mcp_server -- [--store URL] [--http ADDR] [--metrics ADDR]
 //! ```
+//!
+//! - `--store URL`: the idem store (default `sqlite://mcp-idem.db`);
+//! - `--http ADDR`: serve MCP over streamable HTTP at `http://ADDR/mcp` instead of stdio;
+//! - `--metrics ADDR`: serve the `idempotency_*` counters for Prometheus at `http://ADDR/metrics`.
+//!
+//! With a port 0 the system picks one; the addresses are printed on stderr.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use idem::mcp::MetaKeys;
 use idem::{Idem, idempotent};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
@@ -40,6 +48,17 @@ struct Payment {
     id: String,
     customer: String,
     amount_cents: u64,
+    currency: String,
+}
+
+/// Arguments of `charge_run_step`: no key among them, the host sends it in `_meta`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+struct StepCharge {
+    /// The customer to charge.
+    customer: String,
+    /// The amount, in the currency's smallest unit.
+    amount_cents: u64,
+    /// Three lowercase letters.
     currency: String,
 }
 
@@ -96,6 +115,21 @@ impl Crew {
     }
 }
 
+impl Crew {
+    /// The provider's side effect: one line in the ledger.
+    fn charge(&self, customer: String, amount_cents: u64, currency: String) -> Payment {
+        let mut ledger = self.ledger.lock().unwrap();
+        let payment = Payment {
+            id: format!("pay_{}", ledger.len() + 1),
+            customer,
+            amount_cents,
+            currency,
+        };
+        ledger.push(payment.clone());
+        payment
+    }
+}
+
 #[tool_router]
 impl Crew {
     fn new() -> Self {
@@ -126,15 +160,31 @@ impl Crew {
         if p.amount_cents == 0 {
             return Err(ToolError("the amount must be positive".into()));
         }
-        let mut ledger = self.ledger.lock().unwrap();
-        let payment = Payment {
-            id: format!("pay_{}", ledger.len() + 1),
-            customer: p.customer,
-            amount_cents: p.amount_cents,
-            currency: p.currency,
-        };
-        ledger.push(payment.clone());
-        Ok(payment)
+        Ok(self.charge(p.customer, p.amount_cents, p.currency))
+    }
+
+    /// Charges a customer for one step of an agent run.
+    #[idempotent(
+        key = "meta.run_id, meta.step_id",
+        mutating,
+        required,
+        name = "mcp.charge_run_step"
+    )]
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = false,
+        idempotent_hint = true,
+        open_world_hint = true
+    ))]
+    async fn charge_run_step(
+        &self,
+        params: Parameters<StepCharge>,
+        meta: MetaKeys,
+    ) -> Result<Payment, ToolError> {
+        // The run and step only name the call; the charge is the arguments'.
+        let _ = meta;
+        let p = params.0;
+        Ok(self.charge(p.customer, p.amount_cents, p.currency))
     }
 
     /// Puts a crewmate on a shift.
@@ -186,21 +236,30 @@ impl ServerHandler for Crew {}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut store = "sqlite://mcp-idem.db".to_owned();
+    let (mut store, mut http, mut metrics) = ("sqlite://mcp-idem.db".to_owned(), None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
             ("--store", Some(url)) => store = url,
+            ("--http", Some(addr)) => http = Some(addr),
+            ("--metrics", Some(addr)) => metrics = Some(addr),
             _ => {
-                eprintln!("usage: mcp_server [--store URL]");
+                eprintln!("usage: mcp_server [--store URL] [--http ADDR] [--metrics ADDR]");
                 std::process::exit(2);
             }
         }
     }
+    if let Some(addr) = metrics {
+        serve_metrics(&addr).await?;
+    }
     let idem = Idem::open(&store).await?;
     // Every call of this server runs as the one tenant of its operator.
     idem.install("mcp-server");
-    match Crew::new().serve(rmcp::transport::stdio()).await {
+    let crew = Crew::new();
+    if let Some(addr) = http {
+        return serve_http(crew, &addr).await;
+    }
+    match crew.serve(rmcp::transport::stdio()).await {
         Ok(server) => {
             server.waiting().await?;
         }
@@ -210,5 +269,41 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Err(e) => return Err(e.into()),
     }
+    Ok(())
+}
+
+/// MCP over streamable HTTP at `/mcp`: every session shares the one ledger, roster and store.
+async fn serve_http(crew: Crew, addr: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let mcp = StreamableHttpService::new(
+        move || Ok(crew.clone()),
+        LocalSessionManager::default().into(),
+        StreamableHttpServerConfig::default(),
+    );
+    let app = axum::Router::new().nest_service("/mcp", mcp);
+    eprintln!("mcp_server: streamable HTTP on http://{local}/mcp");
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// The `metrics` counters idem keeps (`idempotency_fresh`, `idempotency_replay`, …, by tool),
+/// in Prometheus's text format at `/metrics`, from a task of their own.
+async fn serve_metrics(addr: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    eprintln!(
+        "mcp_server: Prometheus metrics on http://{}/metrics",
+        listener.local_addr()?
+    );
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || std::future::ready(handle.render())),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
     Ok(())
 }

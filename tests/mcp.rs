@@ -133,3 +133,134 @@ async fn an_mcp_client_over_stdio_sees_replays_mismatches_and_honest_tools() {
     }
     client.cancel().await.unwrap();
 }
+
+/// A `tools/call` of `charge_run_step` with `_meta` holding `meta` (a JSON object).
+fn step_call(meta: Option<Value>) -> CallToolRequestParams {
+    let mut params = CallToolRequestParams::new("charge_run_step").with_arguments(arguments(
+        json!({"customer": "cus_7", "amount_cents": 250, "currency": "eur"}),
+    ));
+    params.meta = meta.map(|m| serde_json::from_value(m).unwrap());
+    params
+}
+
+/// The example over streamable HTTP (`--http`), with Prometheus metrics (`--metrics`): keys from
+/// the request's `_meta`, replays across two client sessions, the counters of what happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamable_http_keys_from_meta_and_prometheus_metrics() {
+    use rmcp::transport::StreamableHttpClientTransport;
+    use tokio::io::AsyncBufReadExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let mut server = tokio::process::Command::new(example())
+        .args([
+            "--store",
+            &store,
+            "--http",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The example prints where it listens: the metrics first, then MCP.
+    let mut lines = tokio::io::BufReader::new(server.stderr.take().unwrap()).lines();
+    let (mut mcp, mut metrics) = (None, None);
+    while mcp.is_none() || metrics.is_none() {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the server's addresses");
+        let url = line.rsplit(' ').next().unwrap().to_owned();
+        if line.contains("streamable HTTP") {
+            mcp = Some(url);
+        } else if line.contains("Prometheus") {
+            metrics = Some(url);
+        }
+    }
+    let (mcp, metrics) = (mcp.unwrap(), metrics.unwrap());
+
+    let client = ().serve(StreamableHttpClientTransport::from_uri(mcp.clone())).await.unwrap();
+    let tools = client.list_all_tools().await.unwrap();
+    let step = tools.iter().find(|t| t.name == "charge_run_step").unwrap();
+    let description = step.description.clone().unwrap_or_default();
+    assert!(description.contains("`_meta`"), "{description}");
+    assert!(description.contains("never pass a key"), "{description}");
+    let schema = serde_json::to_string(&step.input_schema).unwrap();
+    assert!(
+        !schema.contains("run_id"),
+        "the key is not the model's: {schema}"
+    );
+
+    let meta = json!({"run_id": "run-42", "step_id": "7"});
+    let first = client
+        .call_tool(step_call(Some(meta.clone())))
+        .await
+        .unwrap();
+    let first = first.structured_content.unwrap();
+    assert_eq!(
+        (first["status"].clone(), first["replayed"].clone()),
+        (json!("ok"), json!(false))
+    );
+    client.cancel().await.unwrap();
+
+    // Another session (a restarted host) retries the same step: replayed, not charged again.
+    let client = ().serve(StreamableHttpClientTransport::from_uri(mcp)).await.unwrap();
+    let again = client.call_tool(step_call(Some(meta))).await.unwrap();
+    let again = again.structured_content.unwrap();
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(again["value"], first["value"]);
+    // Another step of the run is another charge; a call without the ids is refused, not run.
+    let next = client
+        .call_tool(step_call(Some(json!({"run_id": "run-42", "step_id": "8"}))))
+        .await
+        .unwrap();
+    assert_eq!(next.structured_content.unwrap()["replayed"], false);
+    let keyless = client.call_tool(step_call(None)).await.unwrap();
+    assert_eq!(keyless.is_error, Some(true));
+    let keyless = keyless.structured_content.unwrap();
+    assert!(
+        keyless["message"].as_str().unwrap().contains("key"),
+        "{keyless}"
+    );
+    let wrong = client
+        .call_tool(step_call(Some(json!({"run_id": "run-42", "step_id": 9}))))
+        .await
+        .unwrap_err();
+    assert!(wrong.to_string().contains("_meta.step_id"), "{wrong}");
+    let charges = client
+        .call_tool(CallToolRequestParams::new("list_charges"))
+        .await
+        .unwrap();
+    let text = serde_json::to_value(&charges.content).unwrap().to_string();
+    assert_eq!(
+        text.matches("pay_").count(),
+        2,
+        "two steps, two charges: {text}"
+    );
+    client.cancel().await.unwrap();
+
+    let scrape = reqwest::get(&metrics).await.unwrap().text().await.unwrap();
+    let counter = |name: &str| {
+        scrape
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains("mcp.charge_run_step"))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        counter("idempotency_fresh").as_deref(),
+        Some("2"),
+        "{scrape}"
+    );
+    assert_eq!(
+        counter("idempotency_replay").as_deref(),
+        Some("1"),
+        "{scrape}"
+    );
+    assert!(!scrape.contains("run-42"), "no key in the metrics");
+    server.kill().await.unwrap();
+}

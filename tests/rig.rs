@@ -63,3 +63,82 @@ async fn a_rig_tool_runs_once_and_tells_the_model() {
         "{schema}"
     );
 }
+
+/// Charges the customer of the step the agent loop is at.
+#[idempotent(key = "ctx", mutating, required, name = "rig.test_charge_step")]
+#[rig_core::rig_tool]
+async fn charge_step(
+    ctx: &mut rig_core::tool::ToolContext,
+    customer: String,
+    amount_cents: u64,
+) -> Result<u64, Declined> {
+    let _ = ctx;
+    effect(&customer);
+    Ok(amount_cents)
+}
+
+/// Something else the host keeps in the context, which changes from call to call.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Session(u32);
+
+impl rig_core::tool::ContextValue for Session {
+    const KEY: &'static str = "test.session";
+}
+
+#[tokio::test]
+async fn run_and_step_ids_come_from_rigs_tool_context() {
+    use idem::rig::RunStep;
+    use rig_core::tool::{Tool, ToolContext};
+
+    let idem = Idem::open("memory://").await.unwrap();
+    let tenant = idem.scope("agent-7");
+    let (customer, run) = (unique("cus"), unique("run"));
+    let args = |amount: u64| -> ChargeStepParameters {
+        serde_json::from_value(serde_json::json!({"customer": customer, "amount_cents": amount}))
+            .unwrap()
+    };
+    let context = |step: &str, session: u32| {
+        let mut ctx = ToolContext::new();
+        ctx.insert(RunStep::new(run.clone(), step)).unwrap();
+        ctx.insert(Session(session)).unwrap();
+        ctx
+    };
+    let call = |mut ctx: ToolContext, args| async move { CHARGE_STEP.call(&mut ctx, args).await };
+
+    let first = tenant.run(call(context("3", 1), args(500))).await.unwrap();
+    // The model calls again; the host's session data moved on, the step did not.
+    let again = tenant.run(call(context("3", 2), args(500))).await.unwrap();
+    assert!(first.is_fresh() && again.is_replayed(), "{again:?}");
+    assert!(
+        tenant
+            .run(call(context("3", 3), args(900)))
+            .await
+            .unwrap()
+            .is_mismatch()
+    );
+    assert!(
+        tenant
+            .run(call(context("4", 1), args(500)))
+            .await
+            .unwrap()
+            .is_fresh()
+    );
+    assert_eq!(effects(&customer), 2, "steps 3 and 4, once each");
+
+    // A host that put no run step in the context: refused, not run.
+    let err = tenant
+        .run(call(ToolContext::new(), args(500)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, idem::Error::MissingKey { .. }), "{err:?}");
+    assert_eq!(effects(&customer), 2);
+
+    let description = CHARGE_STEP.description();
+    assert!(description.contains("tool context"), "{description}");
+    assert!(description.contains("never pass a key"), "{description}");
+    let schema = CHARGE_STEP.parameters().to_string();
+    assert!(
+        !schema.contains("ctx") && !schema.contains("run_id"),
+        "the key is not the model's: {schema}"
+    );
+}

@@ -10,6 +10,35 @@ pub struct Param {
     pub ty: Type,
 }
 
+/// Where a parameter's key parts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The caller's (the model's) arguments.
+    Arguments,
+    /// rmcp's request `_meta` (`idem::mcp::MetaKeys`): the host's.
+    Meta,
+    /// rig's `&mut ToolContext` (`idem::rig::RunStep` inside): the host's. Never fingerprinted.
+    ToolContext,
+}
+
+impl Param {
+    /// Where this parameter comes from, by the last segment of its type's path (as rmcp and
+    /// rig recognise their own extractors).
+    pub fn source(&self) -> Source {
+        let last = |ty: &Type| match ty {
+            Type::Path(p) => p.path.segments.last().map(|s| s.ident.to_string()),
+            _ => None,
+        };
+        match &self.ty {
+            Type::Reference(r) if last(&r.elem).as_deref() == Some("ToolContext") => {
+                Source::ToolContext
+            }
+            ty if last(ty).as_deref() == Some("MetaKeys") => Source::Meta,
+            _ => Source::Arguments,
+        }
+    }
+}
+
 /// The return type: `Result<T, E>` as written, or something to resolve through `ToolResult`
 /// (an alias such as `anyhow::Result<T>`).
 pub enum Ret {

@@ -190,7 +190,13 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     });
     // One statement per argument, spanned at its type: a type that is not `Serialize` is one
     // error, at the parameter.
-    let args = tool.params.iter().map(|p| {
+    // rig's tool context carries the host's own data, which changes from call to call: it
+    // names the call (its `RunStep`), it is not one of its arguments.
+    let fingerprinted = tool
+        .params
+        .iter()
+        .filter(|p| p.source() != crate::ast::Source::ToolContext);
+    let args = fingerprinted.map(|p| {
         let ident = &p.ident;
         let name = ident.to_string();
         quote_spanned! {p.ty.span()=>
@@ -241,7 +247,9 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     quote! {
         let __idem_key = {
             #[allow(unused_imports)]
-            use ::idem::__private::{OptionalKeyPart as _, RequiredKeyPart as _};
+            use ::idem::__private::{
+                ContextKeyPart as _, OptionalKeyPart as _, RequiredKeyPart as _,
+            };
             ::idem::__private::KeyParts::new() #(#parts)*
         };
         let __idem_fingerprint = ::idem::__private::ArgsFingerprint::new(__IDEM_TOOL.skip);
@@ -286,6 +294,32 @@ fn contract_docs(checked: &Checked) -> Vec<String> {
                     .parts
                     .iter()
                     .any(|p| p.path.segments.len() > 1 || is_option(p.path.root()));
+            // Parts from the request's `_meta` (rmcp) or the tool context (rig) come from the
+            // host: the model is told that it never passes a key.
+            let source = |root: &str| checked.tool.param(root).map(|p| p.source());
+            let where_from = |s| match s {
+                Some(crate::ast::Source::Meta) => Some(format!("the request's `_meta` (`{key}`)")),
+                Some(crate::ast::Source::ToolContext) => Some("its tool context".to_owned()),
+                _ => None,
+            };
+            let hosts: Vec<String> = keyed
+                .parts
+                .iter()
+                .filter_map(|p| where_from(source(p.path.root())))
+                .collect();
+            if hosts.len() == keyed.parts.len() {
+                return vec![
+                    String::new(),
+                    format!(
+                        "Idempotent: your host names each call in {}; you never pass a key. A \
+                         retry of the same call takes effect once and returns the first result \
+                         with `replayed: true`; `status: in_flight` means the first call still \
+                         runs: retry later; `status: mismatch` means the host reused a name for \
+                         other arguments.",
+                        hosts[0]
+                    ),
+                ];
+            }
             let absent = if keyed.required {
                 format!(" `{key}` is required.")
             } else if may_be_absent {

@@ -78,4 +78,23 @@ mod tests {
         assert!(out.starts_with(":: core :: compile_error !"), "{out}");
         assert!(out.ends_with("struct NotAFunction ;"), "{out}");
     }
+
+    #[test]
+    fn a_rig_tool_context_is_a_whole_key_part_and_never_fingerprinted() {
+        let item = quote!(
+            async fn charge(ctx: &mut rig_core::tool::ToolContext, amount: u64) -> Result<u64, E> {
+                Ok(amount)
+            }
+        );
+        assert_eq!(check(quote!(key = "ctx", mutating), item.clone()), Ok(()));
+        let out = expand(quote!(key = "ctx", mutating), item.clone()).to_string();
+        assert!(out.contains("ContextKeyPart"), "{out}");
+        assert!(
+            !out.contains("add_to (& ctx"),
+            "the context is not fingerprinted: {out}"
+        );
+        assert!(out.contains("add_to (& amount"), "{out}");
+        let message = check(quote!(key = "ctx.run_id", mutating), item).unwrap_err();
+        assert!(message.contains("RunStep"), "{message}");
+    }
 }

@@ -193,6 +193,21 @@ fn check_key(
             );
             continue;
         }
+        if let Some(param) = param
+            && param.source() == crate::ast::Source::ToolContext
+            && path.segments.len() > 1
+        {
+            errors.push(
+                span,
+                format!(
+                    "key part `{}` reaches into rig's `ToolContext`, which has no fields: name \
+                     the context itself (`key = \"{root}\"`), and idem keys the call by the \
+                     `idem::rig::RunStep` your agent loop put in it",
+                    path.dotted()
+                ),
+            );
+            continue;
+        }
         let mut broken = false;
         for segment in &path.segments {
             if let Some(reason) = volatile_reason(segment) {

@@ -56,6 +56,28 @@ impl<T: Serialize + ?Sized> RequiredKeyPart for &KeyPartProbe<'_, T> {
     }
 }
 
+/// Chosen for a rig `ToolContext` named as a key part (feature `rig`): its
+/// `idem::rig::RunStep`, put there by the agent loop. Without the feature the trait
+/// has no impl and a context part is an ordinary (unserializable) argument.
+pub trait ContextKeyPart {
+    /// The canonical key part, or `None` when the context holds no run step.
+    fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey>;
+}
+
+#[cfg(feature = "rig")]
+impl ContextKeyPart for KeyPartProbe<'_, &mut rig_core::tool::ToolContext> {
+    fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey> {
+        crate::rig::context_key_part(self.0)
+    }
+}
+
+#[cfg(feature = "rig")]
+impl ContextKeyPart for KeyPartProbe<'_, &rig_core::tool::ToolContext> {
+    fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey> {
+        crate::rig::context_key_part(self.0)
+    }
+}
+
 /// The key parts of one call, collected in declaration order.
 pub struct KeyParts {
     parts: Vec<KeyPart>,

@@ -30,6 +30,8 @@ pub mod mcp;
 mod outcome;
 pub mod registry;
 pub mod retry;
+#[cfg(feature = "rig")]
+pub mod rig;
 mod runtime;
 pub mod store;
 pub mod telemetry;

@@ -111,6 +111,25 @@ proptest! {
     }
 
     #[test]
+    fn skipped_fields_never_count_and_the_others_always_do(
+        a in json_value(),
+        b in json_value(),
+        c in json_value(),
+    ) {
+        let skip: &[&[&str]] = &[&["note"]];
+        let doc = |amount: &Value, note: &Value| json!({"amount": amount, "note": note});
+        prop_assert_eq!(
+            fingerprint(&doc(&a, &b), skip).unwrap(),
+            fingerprint(&doc(&a, &c), skip).unwrap()
+        );
+        let same = to_canonical_json(&a, &[]).unwrap() == to_canonical_json(&c, &[]).unwrap();
+        prop_assert_eq!(
+            fingerprint(&doc(&a, &b), skip).unwrap() == fingerprint(&doc(&c, &b), skip).unwrap(),
+            same
+        );
+    }
+
+    #[test]
     fn number_forms_canonicalize_alike(n in -(1i64 << 53)..(1i64 << 53)) {
         let as_int = to_canonical_json(&n, &[]).unwrap();
         for text in [format!("{n}"), format!("{n}.0"), format!("{n}e0"), format!("{n}.000E0")] {
