@@ -137,7 +137,11 @@ fn parse_paths(lit: &LitStr, option: &str) -> syn::Result<Vec<FieldPath>> {
             // A tuple field (`params.0.run_id`, as in rmcp's `Parameters(T)`) past the root.
             let tuple_field =
                 i > 0 && !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit());
-            if syn::parse_str::<Ident>(segment).is_err() && segment != "self" && !tuple_field {
+            // The whole segment must be one plain identifier: `parse_str` alone would also take
+            // `id // comment` (the lexer drops comments) or a raw `r#id`.
+            let ident = syn::parse_str::<Ident>(segment)
+                .is_ok_and(|id| id == segment.as_str() && !segment.starts_with("r#"));
+            if !ident && segment != "self" && !tuple_field {
                 return Err(syn::Error::new(
                     lit.span(),
                     format!(

@@ -184,8 +184,21 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     let parts = keyed.parts.iter().map(|part| {
         let name = part.path.dotted();
         let expr = path_expr(&part.path, part.span);
-        quote_spanned! {part.span=>
-            .part(#name, (&::idem::__private::KeyPartProbe(&#expr)).idem_key_part())
+        let from_context = tool
+            .param(part.path.root())
+            .is_some_and(|p| p.source() == crate::ast::Source::ToolContext);
+        if from_context {
+            // Named, not probed: importing this trait beside the others would make every
+            // mistyped part ambiguous between them.
+            quote_spanned! {part.span=>
+                .part(#name, ::idem::__private::ContextKeyPart::idem_key_part(
+                    &::idem::__private::KeyPartProbe(&#expr),
+                ))
+            }
+        } else {
+            quote_spanned! {part.span=>
+                .part(#name, (&::idem::__private::KeyPartProbe(&#expr)).idem_key_part())
+            }
         }
     });
     // One statement per argument, spanned at its type: a type that is not `Serialize` is one
@@ -247,9 +260,7 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     quote! {
         let __idem_key = {
             #[allow(unused_imports)]
-            use ::idem::__private::{
-                ContextKeyPart as _, OptionalKeyPart as _, RequiredKeyPart as _,
-            };
+            use ::idem::__private::{OptionalKeyPart as _, RequiredKeyPart as _};
             ::idem::__private::KeyParts::new() #(#parts)*
         };
         let __idem_fingerprint = ::idem::__private::ArgsFingerprint::new(__IDEM_TOOL.skip);

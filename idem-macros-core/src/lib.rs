@@ -88,7 +88,7 @@ mod tests {
         );
         assert_eq!(check(quote!(key = "ctx", mutating), item.clone()), Ok(()));
         let out = expand(quote!(key = "ctx", mutating), item.clone()).to_string();
-        assert!(out.contains("ContextKeyPart"), "{out}");
+        assert!(out.contains("ContextKeyPart :: idem_key_part"), "{out}");
         assert!(
             !out.contains("add_to (& ctx"),
             "the context is not fingerprinted: {out}"
@@ -96,5 +96,31 @@ mod tests {
         assert!(out.contains("add_to (& amount"), "{out}");
         let message = check(quote!(key = "ctx.run_id", mutating), item).unwrap_err();
         assert!(message.contains("RunStep"), "{message}");
+    }
+
+    /// Found by the `attribute` fuzz target: the lexer drops comments, so a path segment such as
+    /// `key // note` once parsed as the identifier `key` and then panicked the expansion.
+    #[test]
+    fn a_path_segment_is_one_plain_identifier() {
+        let item = quote!(
+            async fn pay(params: Parameters<P>) -> Result<u64, E> {
+                Ok(1)
+            }
+        );
+        for key in [
+            "params.1.idemp55555M//55FF555otency_key",
+            "params.0.key/*x*/",
+            "r#params.0.key",
+            "params.0.r#type",
+        ] {
+            let attr = quote!(key = #key, mutating, required);
+            let message = check(attr.clone(), item.clone()).unwrap_err();
+            assert!(
+                message.contains("is not a parameter name"),
+                "{key}: {message}"
+            );
+            let out = expand(attr, item.clone()).to_string();
+            assert_eq!(out.matches("compile_error").count(), 1, "{out}");
+        }
     }
 }
