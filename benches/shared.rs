@@ -391,11 +391,20 @@ fn summary(backend: &str, label: &str) {
         m("fresh", "raw_two_writes"),
         0.8,
     );
+    // Against the paired sequential figure above, and against 1 caller of the same harness
+    // (tasks on the runtime, nothing between calls): the second compares like with like.
     for callers in [8, 64] {
+        let many = m("fresh_concurrent", &format!("idem/{callers}"));
         ratio_row(
             &format!("fresh, {callers} callers vs sequential fresh"),
-            m("fresh_concurrent", &format!("idem/{callers}")),
+            many,
             m("fresh", "idem"),
+            3.0,
+        );
+        ratio_row(
+            &format!("fresh, {callers} callers vs 1 caller"),
+            many,
+            m("fresh_concurrent", "idem/1"),
             3.0,
         );
     }
