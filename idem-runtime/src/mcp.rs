@@ -85,9 +85,6 @@ pub struct MetaKeys {
 }
 
 impl MetaKeys {
-    /// The names read from `_meta`.
-    pub const FIELDS: [&'static str; 3] = ["idempotency_key", "run_id", "step_id"];
-
     /// Reads the key parts from a request's `_meta` object.
     pub fn from_meta(meta: &serde_json::Map<String, serde_json::Value>) -> Result<Self, String> {
         let read = |name: &str| match meta.get(name) {
