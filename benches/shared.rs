@@ -7,7 +7,8 @@
 //! - `fresh`: a new intent (claim, body, completion), vs the raw two writes a hand-written
 //!   idempotency store needs (Postgres: INSERT … ON CONFLICT DO NOTHING, then UPDATE; Redis:
 //!   SET NX PX, then SET PX);
-//! - `fresh_concurrent`: fresh calls/s with 1, 8 and 64 callers.
+//! - `fresh_concurrent`: fresh calls/s with 1, 8 and 64 callers, and the raw two writes with 1
+//!   and 8 (how far the server itself scales on this machine).
 //!
 //! `cargo bench --bench shared` prints the ratios at the end; a backend whose variable is unset
 //! is skipped with a note.
@@ -98,24 +99,36 @@ fn paired<T, TF, O, OF>(
     });
 }
 
-struct RawPostgres {
+/// One connection of the raw Postgres baseline, with its prepared statements.
+struct RawConnection {
     client: tokio_postgres::Client,
     select: tokio_postgres::Statement,
     insert: tokio_postgres::Statement,
     update: tokio_postgres::Statement,
+}
+
+/// The raw Postgres baseline: a connection per concurrent caller (a connection runs one
+/// statement at a time), as idem's pool gives it.
+struct RawPostgres {
+    connections: Vec<RawConnection>,
     tenant: String,
 }
 
 impl RawPostgres {
-    /// Connects and creates the baseline's table in the schema `raw` (new for each run, so
-    /// that both sides start from empty tables of the same shape).
-    async fn connect(url: &str, raw: &str) -> Self {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(connection);
+    /// Connects `connections` times and creates the baseline's table in the schema `raw` (new
+    /// for each run, so that both sides start from empty tables of the same shape).
+    async fn connect(url: &str, raw: &str, connections: usize) -> Self {
+        let tenant = run_tenant();
+        let mut opened = Vec::new();
+        for _ in 0..connections {
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(connection);
+            opened.push(client);
+        }
         // The same table and index as idem's, in a schema of its own.
-        client
+        opened[0]
             .batch_execute(&format!(
                 "CREATE SCHEMA IF NOT EXISTS {raw};
                  CREATE TABLE IF NOT EXISTS {raw}.raw (
@@ -127,8 +140,7 @@ impl RawPostgres {
             ))
             .await
             .expect("schema");
-        let tenant = run_tenant();
-        client
+        opened[0]
             .execute(
                 &format!(
                     "INSERT INTO {raw}.raw VALUES ($1, $2, 'raw', $3, 'completed', 1, 0, 0, \
@@ -143,31 +155,35 @@ impl RawPostgres {
             )
             .await
             .expect("insert");
-        let select = client
-            .prepare(&format!(
+        let mut connections = Vec::new();
+        for client in opened {
+            let prepare = |sql: String| {
+                let client = &client;
+                async move { client.prepare(&sql).await.expect("prepare") }
+            };
+            let select = prepare(format!(
                 "SELECT result FROM {raw}.raw WHERE tenant = $1 AND key = $2"
             ))
-            .await
-            .expect("prepare");
-        let insert = client
-            .prepare(&format!(
+            .await;
+            let insert = prepare(format!(
                 "INSERT INTO {raw}.raw VALUES ($1, $2, 'raw', $3, 'in_flight', $4, \
                  30000, 0, $5, NULL) ON CONFLICT (tenant, key) DO NOTHING"
             ))
-            .await
-            .expect("prepare");
-        let update = client
-            .prepare(&format!(
+            .await;
+            let update = prepare(format!(
                 "UPDATE {raw}.raw SET status = 'completed', result = $3, \
                  expires_at = $5 WHERE tenant = $1 AND key = $2 AND token = $4"
             ))
-            .await
-            .expect("prepare");
+            .await;
+            connections.push(RawConnection {
+                client,
+                select,
+                insert,
+                update,
+            });
+        }
         RawPostgres {
-            client,
-            select,
-            insert,
-            update,
+            connections,
             tenant,
         }
     }
@@ -175,30 +191,29 @@ impl RawPostgres {
 
 impl Raw for RawPostgres {
     async fn lookup(&self) -> Payment {
-        let row = self
+        let c = &self.connections[0];
+        let row = c
             .client
-            .query_one(
-                &self.select,
-                &[&self.tenant, &&raw_key(&self.tenant, 7)[..]],
-            )
+            .query_one(&c.select, &[&self.tenant, &&raw_key(&self.tenant, 7)[..]])
             .await
             .expect("select");
         serde_json::from_slice(row.get::<_, &[u8]>(0)).expect("decode")
     }
 
     async fn two_writes(&self, n: u64) {
+        let c = &self.connections[n as usize % self.connections.len()];
         let key = raw_key(&self.tenant, n + 1_000);
         let (token, expires) = (n as i64, 86_400_000 + n as i64);
-        self.client
+        c.client
             .execute(
-                &self.insert,
+                &c.insert,
                 &[&self.tenant, &&key[..], &&[0u8; 32][..], &token, &expires],
             )
             .await
             .expect("insert");
-        self.client
+        c.client
             .execute(
-                &self.update,
+                &c.update,
                 &[&self.tenant, &&key[..], &payment_json(n), &token, &expires],
             )
             .await
@@ -346,15 +361,33 @@ fn fresh<R: Raw>(
     group.finish();
 }
 
-fn fresh_concurrent(c: &mut Criterion, backend: &str, url: &str, rt: &tokio::runtime::Runtime) {
+fn fresh_concurrent<R: Raw>(
+    c: &mut Criterion,
+    backend: &str,
+    url: &str,
+    raw: &Arc<R>,
+    rt: &tokio::runtime::Runtime,
+) {
     let idem = rt.block_on(Idem::open(url)).expect("open");
     let tenant = idem.scope(run_tenant());
     let group = format!("{backend}_fresh_concurrent");
-    support::concurrent_callers(c, &group, Duration::from_secs(4), rt, move |step| {
-        let tenant = tenant.clone();
-        async move {
-            let call = register_payment("run-2".into(), step, "cus_42".into(), 500);
-            assert!(tenant.run(call).await.expect("call").is_fresh());
+    let measurement = Duration::from_secs(4);
+    support::concurrent_callers(c, &group, "idem", &[1, 8, 64], measurement, rt, {
+        move |step| {
+            let tenant = tenant.clone();
+            async move {
+                let call = register_payment("run-2".into(), step, "cus_42".into(), 500);
+                assert!(tenant.run(call).await.expect("call").is_fresh());
+            }
+        }
+    });
+    // The raw side shares one connection (Postgres: statements on one connection run one at a
+    // time, so it gets a pool of its own below).
+    let raw = raw.clone();
+    support::concurrent_callers(c, &group, "raw_two_writes", &[1, 8], measurement, rt, {
+        move |n| {
+            let raw = raw.clone();
+            async move { raw.two_writes(n + (1 << 40)).await }
         }
     });
 }
@@ -392,7 +425,18 @@ fn summary(backend: &str, label: &str) {
         0.8,
     );
     // Against the paired sequential figure above, and against 1 caller of the same harness
-    // (tasks on the runtime, nothing between calls): the second compares like with like.
+    // (tasks on the runtime, nothing between calls): the second compares like with like. The
+    // raw two writes in the same harness say how far the server itself scales here.
+    let raw = |callers: u64| m("fresh_concurrent", &format!("raw_two_writes/{callers}"));
+    if let (Some(one), Some(eight)) = (raw(1), raw(8)) {
+        println!(
+            "  {:<48} {:>10.0} /s vs {:>10.0} /s  ratio {:.2} (the server's own scaling)",
+            "raw two writes, 8 callers vs 1 caller",
+            1e9 / eight,
+            1e9 / one,
+            one / eight
+        );
+    }
     for callers in [8, 64] {
         let many = m("fresh_concurrent", &format!("idem/{callers}"));
         ratio_row(
@@ -424,11 +468,11 @@ fn main() {
             let (ours, theirs) = (format!("idem_bench_{run}"), format!("idem_bench_raw_{run}"));
             let server = url.split('?').next().unwrap().to_owned();
             let url = with_option(url, &format!("schema={ours}"));
-            let raw = Arc::new(rt.block_on(RawPostgres::connect(&server, &theirs)));
+            let raw = Arc::new(rt.block_on(RawPostgres::connect(&server, &theirs, 8)));
             replay(&mut c, "postgres", &url, &raw, &rt);
             fresh(&mut c, "postgres", &url, &raw, &rt);
-            fresh_concurrent(&mut c, "postgres", &url, &rt);
-            rt.block_on(raw.client.batch_execute(&format!(
+            fresh_concurrent(&mut c, "postgres", &url, &raw, &rt);
+            rt.block_on(raw.connections[0].client.batch_execute(&format!(
                 "DROP SCHEMA {ours} CASCADE; DROP SCHEMA {theirs} CASCADE"
             )))
             .expect("drop the run's schemas");
@@ -440,7 +484,7 @@ fn main() {
             let raw = Arc::new(rt.block_on(RawRedis::connect(url)));
             replay(&mut c, "redis", url, &raw, &rt);
             fresh(&mut c, "redis", url, &raw, &rt);
-            fresh_concurrent(&mut c, "redis", url, &rt);
+            fresh_concurrent(&mut c, "redis", url, &raw, &rt);
         }
         None => println!("skipped Redis: set IDEM_TEST_REDIS_URL"),
     }

@@ -182,6 +182,8 @@ fn fresh_concurrent(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime)
     support::concurrent_callers(
         c,
         "fresh_concurrent",
+        "idem",
+        &[1, 8, 64],
         Duration::from_secs(8),
         rt,
         move |step| {

@@ -187,22 +187,32 @@ fn markdown(results: &Results) -> String {
         }
     }
     out.push_str("\n## Fresh calls with concurrent callers\n\n");
-    out.push_str("Calls/s with 1, 8 and 64 callers making new intents at once, and 64 callers against one.\n\n");
     out.push_str(
-        "| backend | 1 caller | 8 callers | 64 callers | 64 vs 1 |\n|---|---|---|---|---|\n",
+        "Calls/s with 1, 8 and 64 callers making new intents at once; 8 callers against the \
+         sequential *fresh* rate above and against 1 caller of this harness; and, on the shared \
+         stores, the raw two writes with 8 callers against 1 (each caller its own connection): how \
+         far the server itself scales on this machine.\n\n",
+    );
+    out.push_str(
+        "| backend | 1 caller | 8 callers | 64 callers | 8 vs sequential | 8 vs 1 | 64 vs 1 | raw writes, 8 vs 1 |\n\
+         |---|---|---|---|---|---|---|---|\n",
     );
     for b in &BACKENDS {
         let at = |n: u64| results.per_second(b.concurrent, &format!("idem/{n}"));
+        let raw = |n: u64| results.per_second(b.concurrent, &format!("raw_two_writes/{n}"));
         if at(1).is_none() {
             continue;
         }
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
             b.name,
             rate(at(1)),
             rate(at(8)),
             rate(at(64)),
-            ratio(at(64), at(1))
+            ratio(at(8), results.per_second(b.fresh, "idem")),
+            ratio(at(8), at(1)),
+            ratio(at(64), at(1)),
+            ratio(raw(8), raw(1)),
         ));
     }
     out.push_str("\n![calls/s against concurrent callers](benchmarks.svg)\n");

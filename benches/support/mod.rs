@@ -80,12 +80,15 @@ pub fn ratio_row(label: &str, ours: Option<f64>, base: Option<f64>, target: f64)
     }
 }
 
-/// Benchmarks `call(n)` (with `n` never passed before) made by 1, 8 and 64 concurrent callers,
-/// as `group/idem/{callers}`, measuring each for `measurement`; `iters` calls are split among the
-/// callers.
+/// Benchmarks `call(n)` (with `n` never passed before) made by each number of concurrent
+/// `callers`, as `group/name/{callers}`, measuring each for `measurement`; `iters` calls are split
+/// among the callers.
+#[allow(clippy::too_many_arguments)]
 pub fn concurrent_callers<F, Fut>(
     c: &mut criterion::Criterion,
     group: &str,
+    name: &str,
+    callers: &[u64],
     measurement: std::time::Duration,
     rt: &tokio::runtime::Runtime,
     call: F,
@@ -102,9 +105,9 @@ pub fn concurrent_callers<F, Fut>(
     group.sample_size(10);
     group.measurement_time(measurement);
     let next = Arc::new(AtomicU64::new(0));
-    for callers in [1u64, 8, 64] {
+    for &callers in callers {
         group.bench_with_input(
-            criterion::BenchmarkId::new("idem", callers),
+            criterion::BenchmarkId::new(name, callers),
             &callers,
             |b, &callers| {
                 b.to_async(rt).iter_custom(|iters| {

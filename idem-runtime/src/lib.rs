@@ -22,6 +22,7 @@ pub mod clock;
 mod current;
 mod error;
 pub mod fingerprint;
+mod hex;
 #[cfg(any(feature = "http", feature = "client"))]
 pub mod http;
 pub mod key;

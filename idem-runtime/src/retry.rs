@@ -252,7 +252,7 @@ fn transient(e: &StoreError) -> bool {
 
 /// The key of the dead-letter entry of a step: one per step, so writing it twice is harmless.
 fn dead_letter_key(tenant: &str, key: &IdempotencyKey) -> IdempotencyKey {
-    let part = KeyPart::new(&crate::store::admin::hex(key.as_bytes())).expect("64 hex digits");
+    let part = KeyPart::new(&crate::hex::encode(key.as_bytes())).expect("64 hex digits");
     derive_key(tenant, DEAD_LETTER_TOOL, &[part])
 }
 

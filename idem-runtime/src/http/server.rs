@@ -126,9 +126,7 @@ fn default_principal(parts: &http::request::Parts) -> String {
         Some(value) => {
             let digest = Sha256::digest(value.as_bytes());
             let mut out = String::from("authorization:");
-            for b in &digest[..16] {
-                let _ = write!(out, "{b:02x}");
-            }
+            crate::hex::push(&mut out, &digest[..16]);
             out
         }
         None => "anonymous".to_owned(),
@@ -654,7 +652,7 @@ impl Config {
             }
             _ => None,
         }
-        .unwrap_or_else(|| CanonicalBody::Bytes(hex(&Sha256::digest(body))));
+        .unwrap_or_else(|| CanonicalBody::Bytes(crate::hex::encode(&Sha256::digest(body))));
         ArgsFingerprint::new(&[])
             .arg("method", parts.method.as_str())
             .arg("path", parts.uri.path())
@@ -811,14 +809,6 @@ fn remove_path(value: &mut serde_json::Value, path: &[String]) {
             }
         }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
 }
 
 const STORED_MAGIC: &[u8; 4] = b"IDR1";

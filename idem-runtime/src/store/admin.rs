@@ -92,9 +92,9 @@ pub async fn open(url: &str) -> Result<Arc<dyn AdminStore>, OpenError> {
 
 /// The cursor after the record (`tenant`, `key`), for backends that walk in (tenant, key) order.
 pub(crate) fn cursor_after(tenant: &str, key: &IdempotencyKey) -> String {
-    let mut out = hex(tenant.as_bytes());
+    let mut out = crate::hex::encode(tenant.as_bytes());
     out.push(':');
-    out.push_str(&hex(key.as_bytes()));
+    crate::hex::push(&mut out, key.as_bytes());
     out
 }
 
@@ -126,26 +126,11 @@ pub(crate) fn parse_cursor(
         )
     };
     let (tenant, key) = cursor.split_once(':').ok_or_else(bad)?;
-    let tenant = String::from_utf8(unhex(tenant).ok_or_else(bad)?).map_err(|_| bad())?;
-    let key: [u8; 32] = unhex(key).ok_or_else(bad)?.try_into().map_err(|_| bad())?;
+    let tenant =
+        String::from_utf8(crate::hex::decode(tenant).ok_or_else(bad)?).map_err(|_| bad())?;
+    let key: [u8; 32] = crate::hex::decode(key)
+        .ok_or_else(bad)?
+        .try_into()
+        .map_err(|_| bad())?;
     Ok((tenant, IdempotencyKey::from_bytes(key)))
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
-}
-
-pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }

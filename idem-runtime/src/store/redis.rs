@@ -2,9 +2,13 @@
 //!
 //! `Idem::open("redis://127.0.0.1:6379/0")` connects. What it guarantees:
 //!
-//! - **One round trip per claim and per completion.** Each is a Lua script, which Redis runs
-//!   atomically: the decision table of DESIGN §2 for the claim, the token check for the
-//!   completion and the release.
+//! - **One round trip per claim and per completion.** The common claims are one plain command,
+//!   `SET … NX PX … GET` (Redis 7.0 and later): it writes a new key's record, or hands back the
+//!   record that is there, from which the replay, the mismatch, the live in-flight call and the
+//!   blocked `unknown` record are read without writing. What needs a write on an existing record
+//!   (an expired record, a lapsed lease, an orphan to mark `unknown`) and every claim on a server
+//!   before 7.0 is a Lua script, which Redis runs atomically: the decision table of DESIGN §2.
+//!   The completion and the release are scripts too (a token check, then the write).
 //! - **Records expire on their own.** Each record is one string (see the layout below) with a
 //!   Redis expiry equal to its TTL (from the claim, then from the completion); nothing needs
 //!   purging.
@@ -47,13 +51,12 @@
 //! 5000) and `replay_cache` (entries, default 1024, 0 turns it off). TLS (`rediss://`) is not
 //! supported by this build.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::admin::{self, AdminStore, Page, Resolution};
+use super::admin::{AdminStore, Page, Resolution};
 use super::replay_cache::{self, ReplayCache};
 use super::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Store,
@@ -252,6 +255,9 @@ pub struct RedisStore {
     prefix: std::sync::Arc<str>,
     scripts: std::sync::Arc<Scripts>,
     replays: std::sync::Arc<ReplayCache>,
+    /// Whether the server takes `SET … NX GET` (Redis 7.0 and later): then a claim tries the
+    /// plain command first (see the module docs).
+    set_nx_get: bool,
 }
 
 struct Scripts {
@@ -349,16 +355,11 @@ fn int(op: &str, v: &Value) -> Result<i64, StoreError> {
 /// and keeps the mapping one-to-one; the braces make the tenant the Redis Cluster hash tag.
 fn record_key(prefix: &str, tenant: &str, key: &IdempotencyKey) -> String {
     let mut out = String::with_capacity(prefix.len() + 4 + tenant.len() * 2 + 64);
-    let hex = |out: &mut String, bytes: &[u8]| {
-        for b in bytes {
-            let _ = write!(out, "{b:02x}");
-        }
-    };
     out.push_str(prefix);
     out.push_str(":{");
-    hex(&mut out, tenant.as_bytes());
+    crate::hex::push(&mut out, tenant.as_bytes());
     out.push_str("}:");
-    hex(&mut out, key.as_bytes());
+    crate::hex::push(&mut out, key.as_bytes());
     out
 }
 
@@ -392,6 +393,17 @@ impl RedisStore {
                 resolve: Script::new(RESOLVE),
             }),
             replays: std::sync::Arc::new(ReplayCache::new(options.replay_cache)),
+            set_nx_get: false,
+        };
+        // INFO may be forbidden (managed services): then every claim is the script.
+        let server: Option<String> = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut store.conn.clone())
+            .await
+            .ok();
+        let store = RedisStore {
+            set_nx_get: server.as_deref().is_some_and(takes_set_nx_get),
+            ..store
         };
         let found = store.layout_version(OP).await?;
         if found > SCHEMA_VERSION {
@@ -441,8 +453,8 @@ impl RedisStore {
         Ok(found.unwrap_or(SCHEMA_VERSION))
     }
 
-    /// Runs a script; when the connection broke under it, once more (each script is written
-    /// so that a second delivery is harmless).
+    /// Runs a script, once more when the connection broke under it (each script is written so
+    /// that a second delivery is harmless).
     async fn invoke<T: redis::FromRedisValue>(
         &self,
         op: &str,
@@ -457,21 +469,23 @@ impl RedisStore {
         for arg in args {
             invocation.arg(*arg);
         }
-        let mut conn = self.conn.clone();
-        match invocation.invoke_async(&mut conn).await {
-            Err(e) if e.is_connection_dropped() || e.is_io_error() => invocation
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| redis_error(op, e)),
-            other => other.map_err(|e| redis_error(op, e)),
-        }
+        let invocation = &invocation;
+        again_if_broken(op, || {
+            let mut conn = self.conn.clone();
+            async move { invocation.invoke_async(&mut conn).await }
+        })
+        .await
     }
 }
 
 /// Reads a record laid out as [`layout`] describes.
-fn decode_record(tenant: &str, key: IdempotencyKey, v: &[u8]) -> Result<Record, StoreError> {
-    const OP: &str = "lookup";
-    let bad = || corrupt(OP, "the record is not laid out as this build writes it");
+fn decode_record(
+    op: &str,
+    tenant: &str,
+    key: IdempotencyKey,
+    v: &[u8],
+) -> Result<Record, StoreError> {
+    let bad = || corrupt(op, "the record is not laid out as this build writes it");
     let number = |range: std::ops::Range<usize>| -> Result<u64, StoreError> {
         v.get(range)
             .and_then(|b| std::str::from_utf8(b).ok())
@@ -512,6 +526,65 @@ fn decode_record(tenant: &str, key: IdempotencyKey, v: &[u8]) -> Result<Record, 
     })
 }
 
+/// Sends what `send` makes, and once more when the connection broke under it: for commands
+/// and scripts that are harmless delivered twice.
+async fn again_if_broken<T, F, Fut>(op: &str, send: F) -> Result<T, StoreError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = redis::RedisResult<T>>,
+{
+    match send().await {
+        Err(e) if e.is_connection_dropped() || e.is_io_error() => send().await,
+        other => other,
+    }
+    .map_err(|e| redis_error(op, e))
+}
+
+/// Whether `INFO server` names a server that takes `SET … NX … GET` (Redis 7.0 and later;
+/// Valkey reports the Redis version it is compatible with).
+fn takes_set_nx_get(info: &str) -> bool {
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix("redis_version:"))
+        .and_then(|version| version.split('.').next()?.parse::<u32>().ok())
+        .is_some_and(|major| major >= 7)
+}
+
+/// What a claim decides from the record that `SET … NX GET` found, exactly as the claim script
+/// would, when that decision writes nothing. `None` when it would write (the record expired, a
+/// lease lapsed, an orphan is taken over or marked `unknown`): then the script decides, on the
+/// record as it is by then.
+fn decide_without_writing(
+    found: Record,
+    req: &ClaimRequest<'_>,
+    token: FencingToken,
+) -> Option<Claim> {
+    if found.expires_at <= req.now {
+        return None;
+    }
+    if found.fingerprint != req.fingerprint {
+        return Some(Claim::Mismatch);
+    }
+    if found.status == RecordStatus::Completed {
+        return Some(Claim::Completed {
+            result: found.result.unwrap_or_default(),
+        });
+    }
+    if found.token == token {
+        // This very claim, sent again after the answer to the first delivery was lost.
+        return Some(Claim::Acquired {
+            token,
+            takeover: found.created_at != req.now,
+        });
+    }
+    match found.status {
+        RecordStatus::Unknown if req.orphans != Orphans::Reconcile => Some(Claim::Unknown),
+        RecordStatus::InFlight if found.lease_expires_at > req.now => Some(Claim::InFlight {
+            lease_expires_at: found.lease_expires_at,
+        }),
+        _ => None,
+    }
+}
+
 impl Store for RedisStore {
     fn backend(&self) -> &'static str {
         BACKEND
@@ -545,11 +618,52 @@ impl Store for RedisStore {
             );
             let ttl = millis_arg(req.ttl);
             let tool = format!("{:04}{}", req.tool.len(), req.tool);
+            let record = self.record_key(req.tenant, &req.key);
+            if self.set_nx_get {
+                let new: Vec<u8> = [
+                    &req.fingerprint.as_bytes()[..],
+                    b"i",
+                    expires_at.as_bytes(),
+                    lease_at.as_bytes(),
+                    now.as_bytes(),
+                    token_text.as_bytes(),
+                    tool.as_bytes(),
+                ]
+                .concat();
+                let mut set = redis::cmd("SET");
+                set.arg(&record)
+                    .arg(new)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(&ttl)
+                    .arg("GET");
+                let set = &set;
+                let found: Option<Vec<u8>> = again_if_broken(OP, || {
+                    let mut conn = self.conn.clone();
+                    async move { set.query_async(&mut conn).await }
+                })
+                .await?;
+                let Some(found) = found else {
+                    return Ok(Claim::Acquired {
+                        token,
+                        takeover: false,
+                    });
+                };
+                let found = decode_record(OP, req.tenant, req.key, &found)?;
+                let expires_at = found.expires_at;
+                if let Some(answer) = decide_without_writing(found, &req, token) {
+                    if let Claim::Completed { result } = &answer {
+                        self.replays
+                            .put(req.tenant, req.key, req.fingerprint, result, expires_at);
+                    }
+                    return Ok(answer);
+                }
+            }
             let answer: Vec<Value> = self
                 .invoke(
                     OP,
                     &self.scripts.claim,
-                    &[&self.record_key(req.tenant, &req.key)],
+                    &[&record],
                     &[
                         req.fingerprint.as_bytes(),
                         now.as_bytes(),
@@ -664,7 +778,7 @@ impl Store for RedisStore {
                 .await
                 .map_err(|e| redis_error(OP, e))?;
             value
-                .map(|v| decode_record(tenant, key, &v).map(|r| Record { note, ..r }))
+                .map(|v| decode_record(OP, tenant, key, &v).map(|r| Record { note, ..r }))
                 .transpose()
         })
     }
@@ -723,8 +837,8 @@ impl Store for RedisStore {
 fn parse_record_key(prefix: &str, name: &str) -> Option<(String, IdempotencyKey)> {
     let rest = name.strip_prefix(prefix)?.strip_prefix(":{")?;
     let (tenant, key) = rest.split_once("}:")?;
-    let tenant = String::from_utf8(admin::unhex(tenant)?).ok()?;
-    let key: [u8; 32] = admin::unhex(key)?.try_into().ok()?;
+    let tenant = String::from_utf8(crate::hex::decode(tenant)?).ok()?;
+    let key: [u8; 32] = crate::hex::decode(key)?.try_into().ok()?;
     Some((tenant, IdempotencyKey::from_bytes(key)))
 }
 
@@ -767,7 +881,7 @@ impl AdminStore for RedisStore {
         Box::pin(async move {
             const OP: &str = "scan";
             let pattern = match tenant {
-                Some(t) => format!("{}:{{{}}}:*", self.prefix, admin::hex(t.as_bytes())),
+                Some(t) => format!("{}:{{{}}}:*", self.prefix, crate::hex::encode(t.as_bytes())),
                 None => format!("{}:{{*}}:*", self.prefix),
             };
             let mut position: u64 = match cursor {
@@ -929,5 +1043,142 @@ mod tests {
         }
         crate::store_conformance_tests!(maybe: store());
         crate::admin_conformance_tests!(maybe: store());
+
+        #[tokio::test]
+        async fn the_plain_claim_is_used_when_the_server_takes_it() {
+            let Some(store) = store().await else { return };
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut store.conn.clone())
+                .await
+                .expect("INFO");
+            assert_eq!(store.set_nx_get, super::super::takes_set_nx_get(&info));
+        }
+
+        /// Every claim through the script, as on a server before Redis 7.0.
+        mod scripts_only {
+            async fn store() -> Option<super::super::RedisStore> {
+                let store = super::store().await?;
+                Some(super::super::RedisStore {
+                    set_nx_get: false,
+                    ..store
+                })
+            }
+            crate::store_conformance_tests!(maybe: store());
+        }
+    }
+
+    #[test]
+    fn set_nx_get_is_used_from_redis_7() {
+        use super::takes_set_nx_get;
+        assert!(takes_set_nx_get(
+            "# Server\r\nredis_version:7.0.15\r\nredis_mode:standalone\r\n"
+        ));
+        assert!(takes_set_nx_get(
+            "redis_version:7.2.4\r\nvalkey_version:8.0.1\r\n"
+        ));
+        assert!(takes_set_nx_get("redis_version:10.0.0"));
+        assert!(!takes_set_nx_get("# Server\r\nredis_version:6.2.14\r\n"));
+        assert!(!takes_set_nx_get("redis_version:garbage"));
+        assert!(!takes_set_nx_get(""));
+    }
+
+    /// The decisions the plain command takes on its own are the script's, and it leaves to the
+    /// script every one that writes.
+    #[test]
+    fn a_found_record_is_decided_without_writing_only_when_nothing_changes() {
+        use super::{Claim, ClaimRequest, FencingToken, Orphans, Record, RecordStatus};
+        use super::{Fingerprint, IdempotencyKey, decide_without_writing};
+        use std::time::Duration;
+
+        let (now, mine, theirs) = (
+            1_000_000,
+            FencingToken::from_raw(7),
+            FencingToken::from_raw(9),
+        );
+        let fp = Fingerprint::from_bytes([1; 32]);
+        let key = IdempotencyKey::from_bytes([2; 32]);
+        let req = |orphans| ClaimRequest {
+            tenant: "t",
+            key,
+            tool: "tool",
+            fingerprint: fp,
+            now,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+            orphans,
+        };
+        let record = |status, token, lease_expires_at, expires_at| Record {
+            tenant: "t".into(),
+            key,
+            tool: "tool".into(),
+            fingerprint: fp,
+            status,
+            token,
+            lease_expires_at,
+            created_at: now - 10,
+            expires_at,
+            result: (status != RecordStatus::InFlight).then(|| b"42".to_vec()),
+            note: None,
+        };
+        let decide = |found: Record, orphans| decide_without_writing(found, &req(orphans), mine);
+        let live = now + 1;
+        let (i, c, u) = (
+            RecordStatus::InFlight,
+            RecordStatus::Completed,
+            RecordStatus::Unknown,
+        );
+
+        for orphans in [Orphans::TakeOver, Orphans::Reconcile, Orphans::Block] {
+            // Expired by the caller's clock, though Redis still holds it: the script replaces it.
+            assert_eq!(decide(record(c, theirs, 0, now), orphans), None);
+            let other = Record {
+                fingerprint: Fingerprint::from_bytes([3; 32]),
+                ..record(c, theirs, 0, live)
+            };
+            assert_eq!(decide(other, orphans), Some(Claim::Mismatch));
+            assert_eq!(
+                decide(record(c, theirs, 0, live), orphans),
+                Some(Claim::Completed {
+                    result: b"42".to_vec()
+                })
+            );
+            assert_eq!(
+                decide(record(i, theirs, live, live), orphans),
+                Some(Claim::InFlight {
+                    lease_expires_at: live
+                })
+            );
+            // A lapsed lease is taken over or marked: a write.
+            assert_eq!(decide(record(i, theirs, now, live), orphans), None);
+            // This very claim, delivered twice.
+            assert_eq!(
+                decide(record(i, mine, live, live), orphans),
+                Some(Claim::Acquired {
+                    token: mine,
+                    takeover: true
+                })
+            );
+            let first = Record {
+                created_at: now,
+                ..record(i, mine, live, live)
+            };
+            assert_eq!(
+                decide(first, orphans),
+                Some(Claim::Acquired {
+                    token: mine,
+                    takeover: false
+                })
+            );
+        }
+        assert_eq!(
+            decide(record(u, theirs, 0, live), Orphans::TakeOver),
+            Some(Claim::Unknown)
+        );
+        assert_eq!(
+            decide(record(u, theirs, 0, live), Orphans::Block),
+            Some(Claim::Unknown)
+        );
+        assert_eq!(decide(record(u, theirs, 0, live), Orphans::Reconcile), None);
     }
 }
