@@ -122,7 +122,7 @@ mod tests {
     use serde_json::json;
 
     fn hex(fp: Fingerprint) -> String {
-        fp.as_bytes().iter().map(|b| format!("{b:02x}")).collect()
+        crate::hex::encode(fp.as_bytes())
     }
 
     /// Golden vectors: each is `sha256` of the canonical text, so anyone can check them with
