@@ -2,13 +2,15 @@
 //!
 //! `Idem::open("redis://127.0.0.1:6379/0")` connects. What it guarantees:
 //!
-//! - **One round trip per claim and per completion.** The common claims are one plain command,
+//! - **One round trip per common claim and per completion.** The common claims are one plain command,
 //!   `SET … NX PX … GET` (Redis 7.0 and later): it writes a new key's record, or hands back the
 //!   record that is there, from which the replay, the mismatch, the live in-flight call and the
 //!   blocked `unknown` record are read without writing. What needs a write on an existing record
 //!   (an expired record, a lapsed lease, an orphan to mark `unknown`) and every claim on a server
-//!   before 7.0 is a Lua script, which Redis runs atomically: the decision table of DESIGN §2.
-//!   The completion and the release are scripts too (a token check, then the write).
+//!   before 7.0 is a Lua script, which Redis runs atomically: the decision table of DESIGN §2
+//!   (after the plain command, that is a second round trip, taken only by orphans and records
+//!   the caller's clock holds expired). The completion and the release are scripts too (a token
+//!   check, then the write).
 //! - **Records expire on their own.** Each record is one string (see the layout below) with a
 //!   Redis expiry equal to its TTL (from the claim, then from the completion); nothing needs
 //!   purging.
@@ -383,6 +385,12 @@ impl RedisStore {
         let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| redis_error(OP, e))?;
+        // INFO may be forbidden (managed services): then every claim is the script.
+        let server: Option<String> = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn.clone())
+            .await
+            .ok();
         let store = RedisStore {
             conn,
             prefix: options.prefix.into(),
@@ -393,17 +401,7 @@ impl RedisStore {
                 resolve: Script::new(RESOLVE),
             }),
             replays: std::sync::Arc::new(ReplayCache::new(options.replay_cache)),
-            set_nx_get: false,
-        };
-        // INFO may be forbidden (managed services): then every claim is the script.
-        let server: Option<String> = redis::cmd("INFO")
-            .arg("server")
-            .query_async(&mut store.conn.clone())
-            .await
-            .ok();
-        let store = RedisStore {
             set_nx_get: server.as_deref().is_some_and(takes_set_nx_get),
-            ..store
         };
         let found = store.layout_version(OP).await?;
         if found > SCHEMA_VERSION {
