@@ -1354,7 +1354,7 @@ mod tests {
                 if i % 3 == 0 {
                     dropped.push(task);
                 } else {
-                    kept.spawn(async move { task.await });
+                    kept.spawn(task);
                 }
             }
             tokio::task::yield_now().await;
