@@ -68,14 +68,28 @@ pub fn median_ns(group: &str, bench: &str) -> Option<f64> {
 
 /// Prints one line: our rate, the baseline's, their ratio and whether it meets `target`.
 pub fn ratio_row(label: &str, ours: Option<f64>, base: Option<f64>, target: f64) {
+    row(label, ours, base, |ratio| {
+        let verdict = if ratio >= target { "meets" } else { "MISSES" };
+        format!("{verdict} target {target}")
+    });
+}
+
+/// Prints one line like [`ratio_row`], for a ratio that only gives context (no target).
+pub fn context_row(label: &str, ours: Option<f64>, base: Option<f64>, note: &str) {
+    row(label, ours, base, |_| note.to_owned());
+}
+
+/// One line of the summary: two rates (from median ns per call), their ratio, and what `say`
+/// makes of the ratio. Nothing when either median is missing.
+fn row(label: &str, ours: Option<f64>, base: Option<f64>, say: impl Fn(f64) -> String) {
     let per_s = |ns: f64| 1e9 / ns;
     if let (Some(o), Some(b)) = (ours, base) {
         let ratio = per_s(o) / per_s(b);
-        let verdict = if ratio >= target { "meets" } else { "MISSES" };
         println!(
-            "  {label:<48} {:>10.0} /s vs {:>10.0} /s  ratio {ratio:.2} ({verdict} target {target})",
+            "  {label:<48} {:>10.0} /s vs {:>10.0} /s  ratio {ratio:.2} ({})",
             per_s(o),
-            per_s(b)
+            per_s(b),
+            say(ratio)
         );
     }
 }
