@@ -200,23 +200,14 @@ impl Parse for Args {
             })?;
             args.order.push(keyword.to_string());
             match keyword.to_string().as_str() {
-                "key" => {
+                option @ ("key" | "skip") => {
                     let lit = value(input, &keyword)?;
-                    let paths = parse_paths(&lit, "key")?;
-                    set_once(
-                        &mut args.key,
-                        &keyword,
-                        (keyword.clone(), PathList { lit, paths }),
-                    )?;
-                }
-                "skip" => {
-                    let lit = value(input, &keyword)?;
-                    let paths = parse_paths(&lit, "skip")?;
-                    set_once(
-                        &mut args.skip,
-                        &keyword,
-                        (keyword.clone(), PathList { lit, paths }),
-                    )?;
+                    let paths = parse_paths(&lit, option)?;
+                    let slot = match option {
+                        "key" => &mut args.key,
+                        _ => &mut args.skip,
+                    };
+                    set_once(slot, &keyword, (keyword.clone(), PathList { lit, paths }))?;
                 }
                 "check" => {
                     if !input.peek(Token![=]) {
