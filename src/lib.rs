@@ -45,8 +45,26 @@
 //! run. Keys, fingerprints and stores are described in [`idem_runtime`]; the options of the
 //! attribute in [`idempotent`].
 
+//!
+//! # Features
+//!
+//! The default build is the embedded SQLite store; everything else is opt-in (the memory store
+//! is always there). Rust 1.89 or later, except with `rig` (1.95, rig-core's own minimum).
+#![cfg_attr(feature = "document-features", doc = document_features::document_features!())]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[doc(inline)]
 pub use idem_runtime::*;
+// The same modules as the glob's, named again so that their features show on docs.rs.
+#[cfg(any(feature = "http-server", feature = "http-client"))]
+#[doc(inline)]
+pub use idem_runtime::http;
+#[cfg(feature = "rmcp")]
+#[doc(inline)]
+pub use idem_runtime::mcp;
+#[cfg(feature = "rig")]
+#[doc(inline)]
+pub use idem_runtime::rig;
 
 /// Makes an async tool function safe to retry.
 ///
@@ -243,8 +261,3 @@ pub use idem_runtime::*;
 /// ```
 #[doc(inline)]
 pub use idem_macros::idempotent;
-
-/// The README's examples, compiled and run as doctests.
-#[doc = include_str!("../README.md")]
-#[cfg(doctest)]
-pub struct ReadmeDoctests;

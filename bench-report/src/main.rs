@@ -315,7 +315,15 @@ fn main() -> ExitCode {
         let status = Command::new(cargo)
             .current_dir(&root)
             .args([
-                "bench", "-p", "idem", "--bench", "sqlite", "--bench", "shared", "--bench", "http",
+                "bench",
+                "-p",
+                "idem-integration",
+                "--bench",
+                "sqlite",
+                "--bench",
+                "shared",
+                "--bench",
+                "http",
             ])
             .status();
         if !status.is_ok_and(|s| s.success()) {

@@ -1,6 +1,5 @@
-//! `idem`: look into an idem store and repair it. The binary is the `idem` package's
-//! (`cargo install --path .` at the root of the repository, or `cargo install idem`); this crate
-//! is its implementation.
+//! `idem`: look into an idem store and repair it. `cargo install idem-cli` installs the `idem`
+//! binary (from a checkout: `cargo install --path idem-cli`); this library is its implementation.
 //!
 //! ```text
 //! idem --store sqlite://idem.db doctor

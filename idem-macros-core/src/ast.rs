@@ -64,7 +64,7 @@ impl Tool {
             match input {
                 FnArg::Receiver(r) => {
                     has_receiver = true;
-                    receiver_by_value = r.reference.is_none();
+                    receiver_by_value = !matches!(r.kind, syn::ReceiverKind::Reference(..));
                 }
                 FnArg::Typed(pat_type) => match &*pat_type.pat {
                     Pat::Ident(pat) if pat.subpat.is_none() && pat.by_ref.is_none() => {

@@ -1,4 +1,4 @@
-//! The `#[idempotent]` attribute of [idem](https://docs.rs/idem). Use it through the `idem`
+//! The `#[idempotent]` attribute of [idem](https://docs.rs/idem-agent). Use it through the `idem`
 //! facade, whose documentation describes every option. The expansion itself lives in
 //! `idem-macros-core`, a plain library that the fuzz targets call too.
 

@@ -1,6 +1,7 @@
-//! The runtime of [idem](https://docs.rs/idem): keys, fingerprints, outcomes, stores and the
-//! tool registry. Users depend on the `idem` facade, which re-exports this crate and the
-//! `#[idempotent]` attribute; this crate's docs describe the machinery.
+//! The runtime of [idem](https://docs.rs/idem-agent): keys, fingerprints, outcomes, stores and
+//! the tool registry. Users depend on the facade, the `idem-agent` package (`use idem::…`),
+//! which re-exports this crate and the `#[idempotent]` attribute; this crate's docs describe the
+//! machinery.
 //!
 //! ```
 //! use idem_runtime::{Idem, Outcome, derive_key, fingerprint};
@@ -16,6 +17,7 @@
 //! let b = fingerprint(&serde_json::json!({"customer": "c", "amount": 500}), &[]).unwrap();
 //! assert_eq!(a, b);
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod canonical;
 pub mod clock;
@@ -23,7 +25,7 @@ mod current;
 mod error;
 pub mod fingerprint;
 mod hex;
-#[cfg(any(feature = "http", feature = "client"))]
+#[cfg(any(feature = "http-server", feature = "http-client"))]
 pub mod http;
 pub mod key;
 #[cfg(feature = "rmcp")]

@@ -1,36 +1,64 @@
-//! What every keyed call reports: a `tracing` span and `metrics` counters.
+//! What every keyed call reports: a `tracing` span and `metrics` by the Prometheus conventions.
 //!
 //! - The span `idem.call`, one per call of a keyed tool, with `tool`, `tenant`, `key` (the short
 //!   hash, never the key), `token` (the fencing token, when the call holds the key), `outcome`
 //!   and `duration_ms`; an event `idempotent call` at its end (DEBUG; WARN for store errors).
-//! - Counters, labelled by `tool`: `idempotency_fresh` (the body ran), `idempotency_replay`,
-//!   `idempotency_conflict` (in flight elsewhere), `idempotency_mismatch`,
-//!   `idempotency_unknown` and `idempotency_store_error`.
+//! - [`CALLS`] (`idem_calls_total{tool, outcome}`): every keyed call, by how it ended.
+//! - [`BODY_RUNS`] (`idem_body_runs_total{tool}`): how many times a body really ran (a fresh
+//!   call, a tool error, a completion the store failed to record): the effects.
+//! - [`CALL_DURATION`] (`idem_call_duration_seconds{tool, outcome}`): a histogram of the whole
+//!   call, store round trips and body included.
 //!
-//! Both are no-ops until the application installs a `tracing` subscriber or a `metrics`
-//! recorder (a Prometheus exporter, say).
+//! | `outcome` | the call |
+//! |---|---|
+//! | `fresh` | ran the body and recorded its result |
+//! | `unprotected` | ran the body without a key (an optional key was omitted) |
+//! | `replayed` | answered a stored result |
+//! | `replayed_error` | answered a stored error of the tool |
+//! | `in_flight` | found the key held by another call |
+//! | `mismatch` | found the key used with other arguments |
+//! | `unknown` | found the key blocked as unknown |
+//! | `tool_error` | ran the body, which failed |
+//! | `store_error` | could not reach the store; the body did not run |
+//! | `completion_failed` | ran the body; the store failed to record its result |
+//! | `refused` | was refused before the store (a malformed key, arguments too large, …) |
+//!
+//! Labels never carry a key. Everything is a no-op until the application installs a `tracing`
+//! subscriber or a `metrics` recorder (a Prometheus exporter, say); the descriptions ([`describe`])
+//! reach the recorder installed before the first keyed call, or call [`describe`] yourself.
 
+use std::sync::Once;
 use std::time::Instant;
 
+use metrics::Unit;
 use tracing::Span;
 
 use crate::error::Error;
 use crate::outcome::Outcome;
 
-/// The names of the counters.
-pub mod counters {
-    /// The body ran.
-    pub const FRESH: &str = "idempotency_fresh";
-    /// A stored result (or stored error) was replayed.
-    pub const REPLAY: &str = "idempotency_replay";
-    /// Another call held the key (in flight).
-    pub const CONFLICT: &str = "idempotency_conflict";
-    /// The key was used with other arguments.
-    pub const MISMATCH: &str = "idempotency_mismatch";
-    /// The key is blocked as unknown.
-    pub const UNKNOWN: &str = "idempotency_unknown";
-    /// The store failed.
-    pub const STORE_ERROR: &str = "idempotency_store_error";
+/// Every keyed call, labelled by `tool` and `outcome`.
+pub const CALLS: &str = "idem_calls_total";
+/// Every run of a tool's body, labelled by `tool`: the effects.
+pub const BODY_RUNS: &str = "idem_body_runs_total";
+/// The duration of each keyed call in seconds, labelled by `tool` and `outcome`.
+pub const CALL_DURATION: &str = "idem_call_duration_seconds";
+
+/// Describes the three metrics (unit and help text) to the installed `metrics` recorder.
+///
+/// idem does it by itself before its first keyed call; call this after installing a recorder
+/// later than that, or to have the descriptions before any call.
+pub fn describe() {
+    metrics::describe_counter!(CALLS, Unit::Count, "Keyed tool calls, by tool and outcome");
+    metrics::describe_counter!(
+        BODY_RUNS,
+        Unit::Count,
+        "Runs of a tool's body (its effects), by tool"
+    );
+    metrics::describe_histogram!(
+        CALL_DURATION,
+        Unit::Seconds,
+        "Duration of keyed tool calls, store round trips and body included, by tool and outcome"
+    );
 }
 
 /// The span of one keyed call; `key` is the short hash.
@@ -53,28 +81,31 @@ pub(crate) fn finish<T, E>(
     result: &Result<Outcome<T>, Error<E>>,
     started: Instant,
 ) {
-    let (outcome, counted): (&str, &[&'static str]) = match result {
-        Ok(Outcome::Fresh(_) | Outcome::Unprotected(_)) => ("fresh", &[counters::FRESH]),
-        Ok(Outcome::Replayed(_)) => ("replayed", &[counters::REPLAY]),
-        Ok(Outcome::InFlight(_)) => ("in_flight", &[counters::CONFLICT]),
-        Ok(Outcome::Mismatch(_)) => ("mismatch", &[counters::MISMATCH]),
-        Ok(Outcome::Unknown(_)) => ("unknown", &[counters::UNKNOWN]),
-        Err(Error::Tool { replayed: true, .. }) => ("replayed_error", &[counters::REPLAY]),
-        Err(Error::Store(_)) => ("store_error", &[counters::STORE_ERROR]),
-        Err(Error::CompletionFailed { .. }) => (
-            "completion_failed",
-            &[counters::FRESH, counters::STORE_ERROR],
-        ),
-        Err(e) if e.body_ran() => ("tool_error", &[counters::FRESH]),
-        Err(_) => ("refused", &[]),
+    static DESCRIBED: Once = Once::new();
+    DESCRIBED.call_once(describe);
+    let (outcome, body_ran) = match result {
+        Ok(Outcome::Fresh(_)) => ("fresh", true),
+        Ok(Outcome::Unprotected(_)) => ("unprotected", true),
+        Ok(Outcome::Replayed(_)) => ("replayed", false),
+        Ok(Outcome::InFlight(_)) => ("in_flight", false),
+        Ok(Outcome::Mismatch(_)) => ("mismatch", false),
+        Ok(Outcome::Unknown(_)) => ("unknown", false),
+        Err(Error::Tool { replayed: true, .. }) => ("replayed_error", false),
+        Err(Error::Store(_)) => ("store_error", false),
+        Err(Error::CompletionFailed { .. }) => ("completion_failed", true),
+        Err(e) if e.body_ran() => ("tool_error", true),
+        Err(_) => ("refused", false),
     };
-    let elapsed = started.elapsed().as_secs_f64() * 1e3;
+    let elapsed = started.elapsed();
     span.record("outcome", outcome);
-    span.record("duration_ms", elapsed);
-    for name in counted {
-        metrics::counter!(*name, "tool" => tool).increment(1);
+    span.record("duration_ms", elapsed.as_secs_f64() * 1e3);
+    metrics::counter!(CALLS, "tool" => tool, "outcome" => outcome).increment(1);
+    metrics::histogram!(CALL_DURATION, "tool" => tool, "outcome" => outcome)
+        .record(elapsed.as_secs_f64());
+    if body_ran {
+        metrics::counter!(BODY_RUNS, "tool" => tool).increment(1);
     }
-    if counted.contains(&counters::STORE_ERROR) {
+    if matches!(outcome, "store_error" | "completion_failed") {
         tracing::warn!(parent: span, outcome, "idempotent call: the store failed");
     } else {
         tracing::debug!(parent: span, outcome, "idempotent call");

@@ -6,9 +6,9 @@
 
 use http::HeaderMap;
 
-#[cfg(feature = "client")]
+#[cfg(feature = "http-client")]
 pub mod client;
-#[cfg(feature = "http")]
+#[cfg(feature = "http-server")]
 pub mod server;
 
 /// The header both sides use.

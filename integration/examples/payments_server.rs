@@ -2,7 +2,7 @@
 //! pointed at it, made safe to retry by `idem`'s `Idempotency-Key` layer.
 //!
 //! ```text
-//! cargo run --example payments_server -- [--store URL] [--addr HOST:PORT] [--latency-ms N]
+//! cargo run -p idem-integration --example payments_server -- [--store URL] [--addr HOST:PORT] [--latency-ms N]
 //! ```
 //!
 //! - `POST /v1/payment_intents` (form: `amount`, `currency`, `customer`, `metadata[…]`) creates

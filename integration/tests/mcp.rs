@@ -244,22 +244,23 @@ async fn streamable_http_keys_from_meta_and_prometheus_metrics() {
     client.cancel().await.unwrap();
 
     let scrape = reqwest::get(&metrics).await.unwrap().text().await.unwrap();
-    let counter = |name: &str| {
+    let calls = |outcome: &str| {
         scrape
             .lines()
-            .find(|l| l.starts_with(name) && l.contains("mcp.charge_run_step"))
+            .find(|l| {
+                l.starts_with("idem_calls_total{")
+                    && l.contains(r#"tool="mcp.charge_run_step""#)
+                    && l.contains(&format!(r#"outcome="{outcome}""#))
+            })
             .and_then(|l| l.rsplit(' ').next())
             .map(str::to_owned)
     };
-    assert_eq!(
-        counter("idempotency_fresh").as_deref(),
-        Some("2"),
-        "{scrape}"
-    );
-    assert_eq!(
-        counter("idempotency_replay").as_deref(),
-        Some("1"),
-        "{scrape}"
+    assert_eq!(calls("fresh").as_deref(), Some("2"), "{scrape}");
+    assert_eq!(calls("replayed").as_deref(), Some("1"), "{scrape}");
+    assert!(
+        scrape.contains("# HELP idem_calls_total ")
+            && scrape.contains("# TYPE idem_calls_total counter"),
+        "described for Prometheus: {scrape}"
     );
     assert!(!scrape.contains("run-42"), "no key in the metrics");
     server.kill().await.unwrap();

@@ -10,12 +10,13 @@
 //! structured content with `status` (`ok`, `in_flight`, `mismatch`, …) and `replayed`.
 //!
 //! ```text
-//! cargo run --example mcp_server -- [--store URL] [--http ADDR] [--metrics ADDR]
+//! cargo run -p idem-integration --example mcp_server -- [--store URL] [--http ADDR] [--metrics ADDR]
 //! ```
 //!
 //! - `--store URL`: the idem store (default `sqlite://mcp-idem.db`);
 //! - `--http ADDR`: serve MCP over streamable HTTP at `http://ADDR/mcp` instead of stdio;
-//! - `--metrics ADDR`: serve the `idempotency_*` counters for Prometheus at `http://ADDR/metrics`.
+//! - `--metrics ADDR`: serve idem's metrics (`idem_calls_total{tool, outcome}`, …) for Prometheus
+//!   at `http://ADDR/metrics`.
 //!
 //! With a port 0 the system picks one; the addresses are printed on stderr.
 
@@ -291,7 +292,8 @@ async fn serve_http(crew: Crew, addr: &str) -> Result<(), Box<dyn std::error::Er
     Ok(())
 }
 
-/// The `metrics` counters idem keeps (`idempotency_fresh`, `idempotency_replay`, …, by tool),
+/// The metrics idem keeps (`idem_calls_total{tool, outcome}`, `idem_body_runs_total{tool}`,
+/// `idem_call_duration_seconds{tool, outcome}`),
 /// in Prometheus's text format at `/metrics`, from a task of their own.
 async fn serve_metrics(addr: &str) -> Result<(), Box<dyn std::error::Error>> {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;

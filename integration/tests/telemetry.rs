@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::DownStore;
 use idem::retry::{RetryPolicy, retry};
-use idem::telemetry::counters;
+use idem::telemetry::{BODY_RUNS, CALL_DURATION, CALLS};
 use idem::{Idem, idempotent};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -133,7 +133,8 @@ async fn logs_and_metrics_count_every_outcome_and_never_show_the_key() {
         "a raw key part leaked into the logs"
     );
 
-    let counts: std::collections::HashMap<String, u64> = snapshotter
+    // (metric, outcome label or "") -> count, or the number of samples of the histogram.
+    let counts: std::collections::HashMap<(String, String), u64> = snapshotter
         .snapshot()
         .into_vec()
         .into_iter()
@@ -142,18 +143,41 @@ async fn logs_and_metrics_count_every_outcome_and_never_show_the_key() {
                 .labels()
                 .any(|l| l.key() == "tool" && l.value() == "telemetry.charge")
         })
-        .filter_map(|(key, _, _, value)| match value {
-            DebugValue::Counter(n) => Some((key.key().name().to_owned(), n)),
-            _ => None,
+        .map(|(key, unit, description, value)| {
+            let name = key.key().name().to_owned();
+            assert!(
+                unit.is_some() && description.is_some(),
+                "{name} is described"
+            );
+            let outcome = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map_or(String::new(), |l| l.value().to_owned());
+            let n = match value {
+                DebugValue::Counter(n) => n,
+                DebugValue::Histogram(samples) => samples.len() as u64,
+                DebugValue::Gauge(_) => panic!("idem keeps no gauge: {name}"),
+            };
+            ((name, outcome), n)
         })
         .collect();
-    // Fresh: the first call, the held one, the failing one (its body ran).
-    assert_eq!(counts.get(counters::FRESH), Some(&3), "{counts:?}");
-    assert_eq!(counts.get(counters::REPLAY), Some(&1), "{counts:?}");
-    assert_eq!(counts.get(counters::MISMATCH), Some(&1), "{counts:?}");
+    let count = |name: &str, outcome: &str| counts.get(&(name.to_owned(), outcome.to_owned()));
+    // The body ran three times: the first call, the held one, the failing one.
+    assert_eq!(count(BODY_RUNS, ""), Some(&3), "{counts:?}");
+    assert_eq!(count(CALLS, "fresh"), Some(&2), "{counts:?}");
+    assert_eq!(count(CALLS, "tool_error"), Some(&1), "{counts:?}");
+    assert_eq!(count(CALLS, "replayed"), Some(&1), "{counts:?}");
+    assert_eq!(count(CALLS, "mismatch"), Some(&1), "{counts:?}");
     assert!(
-        counts.get(counters::CONFLICT).is_some_and(|n| *n >= 2),
+        count(CALLS, "in_flight").is_some_and(|n| *n >= 2),
         "{counts:?}"
     );
-    assert_eq!(counts.get(counters::STORE_ERROR), Some(&1), "{counts:?}");
+    assert_eq!(count(CALLS, "store_error"), Some(&1), "{counts:?}");
+    // Every call is timed once, under the same labels as its count.
+    for ((name, outcome), n) in &counts {
+        if name == CALLS {
+            assert_eq!(count(CALL_DURATION, outcome), Some(n), "{counts:?}");
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! A rig tool made safe to retry: `#[idempotent]` stacks above rig's `#[rig_tool]`.
 //!
 //! ```text
-//! cargo run --example rig_tool
+//! cargo run -p idem-integration --example rig_tool
 //! ```
 //!
 //! The agent loop knows the run and the step it is at, and puts them in rig's `ToolContext`

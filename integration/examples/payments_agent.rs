@@ -1,7 +1,7 @@
 //! An agent's payment tool calling the payments service over HTTP, safe to retry at both ends.
 //!
 //! ```text
-//! cargo run --example payments_agent -- [--server http://127.0.0.1:4242]
+//! cargo run -p idem-integration --example payments_agent -- [--server http://127.0.0.1:4242]
 //! ```
 //!
 //! Without `--server` it starts the `payments_server` example in-process, with a provider

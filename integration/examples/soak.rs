@@ -2,9 +2,9 @@
 //! to show that throughput holds and memory and disk stay flat once the TTL window is reached.
 //!
 //! ```text
-//! cargo run --release --example soak                       # 1,000,000 calls on a SQLite file
-//! cargo run --release --example soak -- --calls 200000 --ttl-secs 2 --workers 64 --every-secs 1
-//! cargo run --release --example soak -- --store postgres://postgres@127.0.0.1/test
+//! cargo run --release -p idem-integration --example soak   # 1,000,000 calls on a SQLite file
+//! cargo run --release -p idem-integration --example soak -- --calls 200000 --ttl-secs 2 --workers 64 --every-secs 1
+//! cargo run --release -p idem-integration --example soak -- --store postgres://postgres@127.0.0.1/test
 //! ```
 //!
 //! Workers call one keyed tool, `soak.charge`, in this mix: 45% new intents, 40% retries of a
