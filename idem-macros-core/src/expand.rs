@@ -5,80 +5,12 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{AttrStyle, Ident, ItemFn, ReturnType};
+use syn::{Ident, ReturnType};
 
-use crate::args::{Args, FieldPath, OnError, OnOrphan};
-use crate::ast::{Ret, Tool};
-use crate::fallback;
-use crate::valid::{self, Checked, Form, Keyed};
-
-pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let item_fn: ItemFn = match syn::parse2(item.clone()) {
-        Ok(f) => f,
-        Err(_) => return fallback::not_a_function(item),
-    };
-    match try_expand(attr, item_fn.clone()) {
-        Ok(tokens) => tokens,
-        Err(error) => fallback::expand(error, item_fn),
-    }
-}
-
-pub fn try_expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
-    let args: Args = syn::parse2(attr)?;
-    let tool = Tool::from_item(item)?;
-    let checked = valid::check(args, tool)?;
-    Ok(generate(&checked))
-}
-
-/// The value and error types of the rewritten signature.
-pub fn result_types(tool: &Tool) -> (TokenStream, TokenStream) {
-    match &tool.ret {
-        Ret::Explicit { ok, err } => (quote!(#ok), quote!(#err)),
-        Ret::Alias(ty) => (
-            quote_spanned!(ty.span()=> <#ty as ::idem::ToolResult>::Ok),
-            quote_spanned!(ty.span()=> <#ty as ::idem::ToolResult>::Err),
-        ),
-    }
-}
-
-/// The user's signature with `-> Result<T, E>` turned into
-/// `-> Result<Outcome<T>, idem::Error<E>>`.
-pub fn rewritten_signature(tool: &Tool) -> syn::Signature {
-    let (ok, err) = result_types(tool);
-    let mut sig = tool.item.sig.clone();
-    let span = match &sig.output {
-        ReturnType::Type(_, ty) => ty.span(),
-        ReturnType::Default => Span::call_site(),
-    };
-    sig.output = syn::parse_quote_spanned! {span=>
-        -> ::core::result::Result<::idem::Outcome<#ok>, ::idem::Error<#err>>
-    };
-    sig
-}
-
-/// `async move { let __idem_out: R = { body }; __idem_out }`: the body as a future whose type
-/// errors are reported at the user's own expressions.
-pub fn body_future(tool: &Tool) -> TokenStream {
-    let block = &tool.item.block;
-    let ret = match &tool.item.sig.output {
-        ReturnType::Type(_, ty) => quote!(#ty),
-        ReturnType::Default => quote!(()),
-    };
-    quote! {
-        async move {
-            #[allow(unreachable_code, clippy::diverging_sub_expression)]
-            let __idem_out: #ret = #block;
-            __idem_out
-        }
-    }
-}
-
-/// Outer attributes stay on the function, inner ones (`#![allow(…)]`) open the new body.
-pub fn split_attrs(item: &ItemFn) -> (Vec<&syn::Attribute>, Vec<&syn::Attribute>) {
-    item.attrs
-        .iter()
-        .partition(|a| matches!(a.style, AttrStyle::Outer))
-}
+use crate::args::{FieldPath, OnError, OnOrphan};
+use crate::ast::Tool;
+use crate::signature::{body_future, rewritten_signature, split_attrs};
+use crate::valid::{Checked, Form, Keyed};
 
 fn path_expr(path: &FieldPath, span: Span) -> TokenStream {
     let segments = path.segments.iter().map(|s| {
@@ -359,7 +291,7 @@ fn contract_docs(checked: &Checked) -> Vec<String> {
     vec![String::new(), text]
 }
 
-fn generate(checked: &Checked) -> TokenStream {
+pub fn generate(checked: &Checked) -> TokenStream {
     let tool = &checked.tool;
     let (outer, inner) = split_attrs(&tool.item);
     let contract = contract_docs(checked);

@@ -7,7 +7,7 @@ use quote::quote;
 use syn::ItemFn;
 
 use crate::ast::Tool;
-use crate::expand::{body_future, rewritten_signature, split_attrs};
+use crate::signature::{body_future, rewritten_signature, split_attrs};
 
 pub fn expand(error: syn::Error, item: ItemFn) -> TokenStream {
     let errors = error.to_compile_error();

@@ -6,30 +6,49 @@
 //! The pipeline, one stage per file: `args.rs` parses the attribute, `ast.rs` builds the checked
 //! model of the tool fn, `valid.rs` applies the semantic rules, `expand.rs` writes the thin glue
 //! that calls the runtime, and `fallback.rs` writes the error output (the `compile_error!` and the
-//! user's function, so that call sites still resolve).
+//! user's function, so that call sites still resolve); both take the rewritten signature and body
+//! from `signature.rs`, and neither imports the other. This file runs the stages.
 
 mod args;
 mod ast;
 pub mod duration;
 mod expand;
 mod fallback;
+mod signature;
 mod valid;
 
 use proc_macro2::TokenStream;
+use syn::ItemFn;
+
+use crate::args::Args;
+use crate::ast::Tool;
 
 /// Expands `#[idempotent(attr)] item`. Never fails: a wrong attribute or item becomes a
 /// `compile_error!` next to the user's function, so that call sites still resolve.
 pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
-    expand::idempotent(attr, item)
+    let item_fn: ItemFn = match syn::parse2(item.clone()) {
+        Ok(f) => f,
+        Err(_) => return fallback::not_a_function(item),
+    };
+    match try_expand(attr, item_fn.clone()) {
+        Ok(tokens) => tokens,
+        Err(error) => fallback::expand(error, item_fn),
+    }
+}
+
+/// Parse → model → validate → generate; the first stage that refuses answers its errors.
+fn try_expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
+    let args: Args = syn::parse2(attr)?;
+    let tool = Tool::from_item(item)?;
+    let checked = valid::check(args, tool)?;
+    Ok(expand::generate(&checked))
 }
 
 /// Parses and checks `#[idempotent(attr)] item` as [`expand`] does, and answers the first
 /// error's message instead of tokens.
 pub fn check(attr: TokenStream, item: TokenStream) -> Result<(), String> {
     let item: syn::ItemFn = syn::parse2(item).map_err(|e| e.to_string())?;
-    expand::try_expand(attr, item)
-        .map(drop)
-        .map_err(|e| e.to_string())
+    try_expand(attr, item).map(drop).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -60,3 +60,24 @@ pub(crate) async fn run_as<F: Future>(
 ) -> F::Output {
     CURRENT.scope(Current { tool, key }, body).await
 }
+
+tokio::task_local! {
+    /// The tool and key of the last keyed call made inside [`recording_calls`].
+    static LAST_CALL: std::cell::Cell<Option<(&'static str, IdempotencyKey)>>;
+}
+
+/// Tells a surrounding [`recording_calls`], if any, which keyed call is being made.
+pub(crate) fn note_call(tool: &'static str, key: IdempotencyKey) {
+    let _ = LAST_CALL.try_with(|cell| cell.set(Some((tool, key))));
+}
+
+/// Runs `fut`, keeping the tool and key of the last keyed call made inside it for
+/// [`last_call`] (the retry executor names the step it gives up on by them).
+pub(crate) async fn recording_calls<F: Future>(fut: F) -> F::Output {
+    LAST_CALL.scope(std::cell::Cell::new(None), fut).await
+}
+
+/// The last keyed call made inside the running [`recording_calls`], if any.
+pub(crate) fn last_call() -> Option<(&'static str, IdempotencyKey)> {
+    LAST_CALL.try_with(std::cell::Cell::get).ok().flatten()
+}

@@ -31,6 +31,7 @@ pub mod key;
 #[cfg(feature = "rmcp")]
 pub mod mcp;
 mod outcome;
+mod protocol;
 pub mod registry;
 pub mod retry;
 #[cfg(feature = "rig")]

@@ -28,7 +28,6 @@
 //! answers [`RetryError::DeadLettered`]. [`crate::Idem::dead_letters`] lists the queue and
 //! [`crate::Idem::acknowledge`] removes an entry.
 
-use std::cell::Cell;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -37,8 +36,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{IdempotencyKey, KeyHash, KeyPart, derive_key};
 use crate::outcome::Outcome;
-use crate::runtime::Scope;
-use crate::store::{Claim, ClaimRequest, Completion, Orphans, RecordStatus, UnixMillis};
+use crate::protocol::{Claiming, Intent, claim};
+use crate::runtime::{Idem, Scope};
+use crate::store::{Orphans, RecordStatus, UnixMillis};
 
 /// How calls are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,16 +166,6 @@ pub enum RetryError<E> {
     },
 }
 
-tokio::task_local! {
-    /// The tool and key of the last keyed call made inside [`retry`].
-    static LAST_CALL: Cell<Option<(&'static str, IdempotencyKey)>>;
-}
-
-/// Tells a running [`retry`], if any, which call it is retrying.
-pub(crate) fn note_call(tool: &'static str, key: IdempotencyKey) {
-    let _ = LAST_CALL.try_with(|cell| cell.set(Some((tool, key))));
-}
-
 /// The tool name dead-letter records are kept under.
 pub const DEAD_LETTER_TOOL: &str = "idem.dead_letter";
 
@@ -193,54 +183,53 @@ where
 {
     let started = Instant::now();
     let mut attempt = 0;
-    LAST_CALL
-        .scope(Cell::new(None), async move {
-            loop {
-                attempt += 1;
-                let answer = call().await;
-                let (reason, hint, last) = match answer {
-                    Ok(Outcome::InFlight(ref i)) => (
-                        DeadLetterReason::IdempotencyInFlight,
-                        Some(i.retry_after),
-                        None,
-                    ),
-                    Err(Error::Store(e)) if transient(&e) => {
-                        (DeadLetterReason::StoreUnavailable, None, Some(e))
-                    }
-                    Ok(out) => return Ok(out),
-                    Err(e) => return Err(RetryError::Call(e)),
-                };
-                let delay = policy.delay(attempt, hint);
-                let exhausted =
-                    attempt >= policy.max_attempts || started.elapsed() + delay > policy.budget;
-                if !exhausted {
-                    tokio::time::sleep(delay).await;
-                    continue;
+    crate::current::recording_calls(async move {
+        loop {
+            attempt += 1;
+            let answer = call().await;
+            let (reason, hint, last) = match answer {
+                Ok(Outcome::InFlight(ref i)) => (
+                    DeadLetterReason::IdempotencyInFlight,
+                    Some(i.retry_after),
+                    None,
+                ),
+                Err(Error::Store(e)) if transient(&e) => {
+                    (DeadLetterReason::StoreUnavailable, None, Some(e))
                 }
-                let Some((tool, key)) = LAST_CALL.with(Cell::get) else {
-                    // No keyed call ran (the store failed before the key was known).
-                    return Err(RetryError::Call(Error::Store(last.unwrap_or_else(|| {
-                        StoreError::new("retry", StoreErrorKind::Other, "no call was made")
-                    }))));
-                };
-                return match dead_letter(tool, key, reason, attempt).await {
-                    Ok(()) => Err(RetryError::DeadLettered {
-                        tool,
-                        key: key.short_hash(),
-                        reason,
-                        attempts: attempt,
-                        last,
-                    }),
-                    Err(source) => Err(RetryError::DeadLetterFailed {
-                        tool,
-                        key: key.short_hash(),
-                        attempts: attempt,
-                        source,
-                    }),
-                };
+                Ok(out) => return Ok(out),
+                Err(e) => return Err(RetryError::Call(e)),
+            };
+            let delay = policy.delay(attempt, hint);
+            let exhausted =
+                attempt >= policy.max_attempts || started.elapsed() + delay > policy.budget;
+            if !exhausted {
+                tokio::time::sleep(delay).await;
+                continue;
             }
-        })
-        .await
+            let Some((tool, key)) = crate::current::last_call() else {
+                // No keyed call ran (the store failed before the key was known).
+                return Err(RetryError::Call(Error::Store(last.unwrap_or_else(|| {
+                    StoreError::new("retry", StoreErrorKind::Other, "no call was made")
+                }))));
+            };
+            return match dead_letter(tool, key, reason, attempt).await {
+                Ok(()) => Err(RetryError::DeadLettered {
+                    tool,
+                    key: key.short_hash(),
+                    reason,
+                    attempts: attempt,
+                    last,
+                }),
+                Err(source) => Err(RetryError::DeadLetterFailed {
+                    tool,
+                    key: key.short_hash(),
+                    attempts: attempt,
+                    source,
+                }),
+            };
+        }
+    })
+    .await
 }
 
 fn transient(e: &StoreError) -> bool {
@@ -270,7 +259,6 @@ async fn dead_letter(
         ));
     };
     let (tenant, idem) = (scope.tenant(), scope.idem());
-    let store = idem.store();
     let now = idem.clock().now();
     let entry_key = dead_letter_key(tenant, &key);
     let entry = DeadLetter {
@@ -283,31 +271,18 @@ async fn dead_letter(
         at: now,
     };
     let bytes = serde_json::to_vec(&entry).expect("a dead letter serializes");
-    let claim = store
-        .claim(ClaimRequest {
-            tenant,
-            key: entry_key,
-            tool: DEAD_LETTER_TOOL,
-            fingerprint: crate::fingerprint::Fingerprint::from_bytes([0; 32]),
-            now,
-            lease: Duration::from_secs(30),
-            ttl: DEAD_LETTER_TTL,
-            orphans: Orphans::TakeOver,
-        })
-        .await?;
-    match claim {
-        Claim::Acquired { token, .. } => {
-            store
-                .complete(Completion {
-                    tenant,
-                    key: entry_key,
-                    token,
-                    status: RecordStatus::Completed,
-                    result: &bytes,
-                    now,
-                    ttl: DEAD_LETTER_TTL,
-                })
-                .await?;
+    let intent = Intent {
+        tenant,
+        key: entry_key,
+        tool: DEAD_LETTER_TOOL,
+        fingerprint: crate::fingerprint::Fingerprint::from_bytes([0; 32]),
+        lease: Duration::from_secs(30),
+        ttl: DEAD_LETTER_TTL,
+        orphans: Orphans::TakeOver,
+    };
+    match claim(idem, intent).await? {
+        Claiming::Acquired(claimed) => {
+            claimed.complete(RecordStatus::Completed, &bytes).await?;
             Ok(())
         }
         // Already dead-lettered (or being written by another retry of the same step).
@@ -315,8 +290,54 @@ async fn dead_letter(
     }
 }
 
+/// The dead-letter queue, kept in the runtime's store.
+impl Idem {
+    /// The dead-letter queue of `tenant`: the steps [`retry`] gave up on.
+    ///
+    /// Needs a store opened by URL ([`Idem::open`]); a store built by hand has no admin side
+    /// and answers an error.
+    pub async fn dead_letters(&self, tenant: &str) -> Result<Vec<DeadLetter>, StoreError> {
+        let admin = self.admin()?;
+        let mut out = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = admin.scan(Some(tenant), cursor.as_deref(), 500).await?;
+            out.extend(page.records.iter().filter_map(decode));
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        out.sort_by(|a, b| (a.at, &a.id).cmp(&(b.at, &b.id)));
+        out.dedup_by(|a, b| a.id == b.id);
+        Ok(out)
+    }
+
+    /// Removes the entry `id` (as [`dead_letters`](Idem::dead_letters) shows it) from the
+    /// dead-letter queue of `tenant`; `false` when there was none.
+    pub async fn acknowledge(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {
+        let admin = self.admin()?;
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = admin.scan(Some(tenant), cursor.as_deref(), 500).await?;
+            if let Some(record) = page
+                .records
+                .iter()
+                .find(|r| r.tool == DEAD_LETTER_TOOL && r.key.short_hash().to_string() == id)
+            {
+                let deleted = admin.delete(tenant, record.key).await?;
+                return Ok(deleted == crate::store::Fenced::Applied);
+            }
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => return Ok(false),
+            }
+        }
+    }
+}
+
 /// Decodes a dead-letter record.
-pub(crate) fn decode(record: &crate::store::Record) -> Option<DeadLetter> {
+fn decode(record: &crate::store::Record) -> Option<DeadLetter> {
     (record.tool == DEAD_LETTER_TOOL && record.status == RecordStatus::Completed)
         .then(|| serde_json::from_slice(record.result.as_deref()?).ok())
         .flatten()

@@ -5,9 +5,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
-use crate::error::{OpenError, StoreError, redact_url};
+use crate::error::{OpenError, StoreError};
 use crate::store::admin::AdminStore;
-use crate::store::memory::MemoryStore;
 use crate::store::{Store, StoreHealth};
 
 /// Default time a record lives: 24 hours, Stripe's minimum and the IETF draft's example.
@@ -20,27 +19,6 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
 
 /// The default of [`IdemBuilder::max_argument_bytes`]: 1 MiB of canonical JSON.
 pub const DEFAULT_MAX_ARGUMENT_BYTES: usize = 1 << 20;
-
-/// The schemes [`Idem::open`] accepts in this build, and the features that add the others.
-fn schemes() -> String {
-    let mut on = vec!["memory://"];
-    let mut off = Vec::new();
-    let mut backend = |enabled: bool, scheme: &'static str, feature: &'static str| {
-        if enabled {
-            on.push(scheme);
-        } else {
-            off.push(format!("`{feature}` for {scheme}"));
-        }
-    };
-    backend(cfg!(feature = "sqlite"), "sqlite://PATH", "sqlite");
-    backend(cfg!(feature = "postgres"), "postgres://…", "postgres");
-    backend(cfg!(feature = "redis"), "redis://…", "redis");
-    let mut text = on.join(", ");
-    if !off.is_empty() {
-        text.push_str(&format!(" (enable the feature {})", off.join(", ")));
-    }
-    text
-}
 
 /// The idem runtime: a store and the defaults of every call. Cheap to clone.
 ///
@@ -130,51 +108,7 @@ impl Idem {
         &*self.inner.store
     }
 
-    /// The dead-letter queue of `tenant`: the steps [`retry`](crate::retry::retry) gave up on.
-    ///
-    /// Needs a store opened by URL ([`Idem::open`]); a store built by hand has no admin side
-    /// and answers an error.
-    pub async fn dead_letters(
-        &self,
-        tenant: &str,
-    ) -> Result<Vec<crate::retry::DeadLetter>, StoreError> {
-        let admin = self.admin()?;
-        let mut out = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let page = admin.scan(Some(tenant), cursor.as_deref(), 500).await?;
-            out.extend(page.records.iter().filter_map(crate::retry::decode));
-            match page.next {
-                Some(next) => cursor = Some(next),
-                None => break,
-            }
-        }
-        out.sort_by(|a, b| (a.at, &a.id).cmp(&(b.at, &b.id)));
-        out.dedup_by(|a, b| a.id == b.id);
-        Ok(out)
-    }
-
-    /// Removes the entry `id` (as [`dead_letters`](Idem::dead_letters) shows it) from the
-    /// dead-letter queue of `tenant`; `false` when there was none.
-    pub async fn acknowledge(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {
-        let admin = self.admin()?;
-        let mut cursor: Option<String> = None;
-        loop {
-            let page = admin.scan(Some(tenant), cursor.as_deref(), 500).await?;
-            if let Some(record) = page.records.iter().find(|r| {
-                r.tool == crate::retry::DEAD_LETTER_TOOL && r.key.short_hash().to_string() == id
-            }) {
-                let deleted = admin.delete(tenant, record.key).await?;
-                return Ok(deleted == crate::store::Fenced::Applied);
-            }
-            match page.next {
-                Some(next) => cursor = Some(next),
-                None => return Ok(false),
-            }
-        }
-    }
-
-    fn admin(&self) -> Result<&dyn AdminStore, StoreError> {
+    pub(crate) fn admin(&self) -> Result<&dyn AdminStore, StoreError> {
         self.inner.admin.as_deref().ok_or_else(|| {
             StoreError::new(
                 self.inner.store.backend(),
@@ -310,7 +244,7 @@ impl IdemBuilder {
     }
 
     fn build_arc(self, store: Arc<dyn Store>, admin: Option<Arc<dyn AdminStore>>) -> Idem {
-        let idem = Idem {
+        Idem {
             inner: Arc::new(Inner {
                 store,
                 admin,
@@ -321,9 +255,7 @@ impl IdemBuilder {
                 max_argument_bytes: self.max_argument_bytes,
                 clock: self.clock,
             }),
-        };
-        crate::registry::write_report_from_env(Some(&idem));
-        idem
+        }
     }
 
     /// Opens the store named by `url`:
@@ -341,68 +273,9 @@ impl IdemBuilder {
     ///
     /// Passwords never appear in errors (`postgres://app:***@db/…`).
     pub async fn open(self, url: &str) -> Result<Idem, OpenError> {
-        let admin = open_store(url).await?;
+        let admin = crate::store::open::open(url).await?;
         let store: Arc<dyn Store> = admin.clone();
         Ok(self.build_arc(store, Some(admin)))
-    }
-}
-
-/// Opens the store a URL names (see [`IdemBuilder::open`]).
-pub(crate) async fn open_store(url: &str) -> Result<Arc<dyn AdminStore>, OpenError> {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(OpenError::InvalidUrl {
-            url: redact_url(url),
-            reason: "expected `scheme://…`, e.g. `sqlite://idem.db` or `memory://`".into(),
-        });
-    };
-    match scheme.to_ascii_lowercase().as_str() {
-        "memory" if rest.is_empty() => Ok(Arc::new(MemoryStore::new())),
-        "memory" => Err(OpenError::InvalidUrl {
-            url: redact_url(url),
-            reason: "`memory://` takes nothing after the scheme".into(),
-        }),
-        #[cfg(feature = "sqlite")]
-        "sqlite" => {
-            use crate::store::sqlite::{SqliteOptions, SqliteStore};
-            let options =
-                SqliteOptions::from_url_rest(rest).map_err(|reason| OpenError::InvalidUrl {
-                    url: redact_url(url),
-                    reason,
-                })?;
-            let store = tokio::task::spawn_blocking(move || SqliteStore::open(options))
-                .await
-                .map_err(|_| {
-                    StoreError::new(
-                        "sqlite",
-                        crate::error::StoreErrorKind::Unavailable,
-                        "opening the file panicked",
-                    )
-                })??;
-            Ok(Arc::new(store))
-        }
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => {
-            use crate::store::postgres::{PostgresOptions, PostgresStore};
-            let options =
-                PostgresOptions::from_url(url).map_err(|reason| OpenError::InvalidUrl {
-                    url: redact_url(url),
-                    reason,
-                })?;
-            Ok(Arc::new(PostgresStore::open(options).await?))
-        }
-        #[cfg(feature = "redis")]
-        "redis" => {
-            use crate::store::redis::{RedisOptions, RedisStore};
-            let options = RedisOptions::from_url(url).map_err(|reason| OpenError::InvalidUrl {
-                url: redact_url(url),
-                reason,
-            })?;
-            Ok(Arc::new(RedisStore::open(options).await?))
-        }
-        other => Err(OpenError::UnsupportedScheme {
-            scheme: other.to_owned(),
-            available: schemes(),
-        }),
     }
 }
 

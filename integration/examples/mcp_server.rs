@@ -254,6 +254,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         serve_metrics(&addr).await?;
     }
     let idem = Idem::open(&store).await?;
+    // The startup audit (and, with IDEM_REPORT set, the tool report), on stderr: stdout is MCP's.
+    let audit = idem::audit(&idem).await;
+    eprintln!("mcp_server: {audit}");
+    if !audit.is_ok() {
+        return Err(audit.to_string().into());
+    }
     // Every call of this server runs as the one tenant of its operator.
     idem.install("mcp-server");
     let crew = Crew::new();

@@ -87,7 +87,17 @@ pub const RESOLVED_TOKEN: FencingToken = FencingToken::from_raw(0);
 /// Opens the store named by `url` for administration (the same URLs as
 /// [`Idem::open`](crate::Idem::open)).
 pub async fn open(url: &str) -> Result<Arc<dyn AdminStore>, OpenError> {
-    crate::runtime::open_store(url).await
+    super::open::open(url).await
+}
+
+/// A page from `limit + 1` records in order: the extra one says whether there is more.
+pub(crate) fn page(mut records: Vec<Record>, limit: usize) -> Page {
+    let next = (records.len() > limit).then(|| {
+        records.truncate(limit);
+        let last = records.last().expect("a full page");
+        cursor_after(&last.tenant, &last.key)
+    });
+    Page { records, next }
 }
 
 /// The cursor after the record (`tenant`, `key`), for backends that walk in (tenant, key) order.

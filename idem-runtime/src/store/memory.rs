@@ -239,7 +239,7 @@ impl AdminStore for MemoryStore {
                 });
                 let records: Vec<Record> =
                     all.into_iter().take(limit.max(1) + 1).cloned().collect();
-                page(records, limit.max(1))
+                admin::page(records, limit.max(1))
             })
         })
     }
@@ -277,16 +277,6 @@ impl AdminStore for MemoryStore {
             })
         })
     }
-}
-
-/// A page from `limit + 1` records in order: the extra one says whether there is more.
-pub(crate) fn page(mut records: Vec<Record>, limit: usize) -> Page {
-    let next = (records.len() > limit).then(|| {
-        records.truncate(limit);
-        let last = records.last().expect("a full page");
-        admin::cursor_after(&last.tenant, &last.key)
-    });
-    Page { records, next }
 }
 
 #[cfg(test)]

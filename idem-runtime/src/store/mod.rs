@@ -31,6 +31,7 @@ use crate::key::IdempotencyKey;
 pub mod admin;
 pub mod faulty;
 pub mod memory;
+pub(crate) mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]

@@ -1,0 +1,294 @@
+//! The layer and its settings: which requests it guards, how it scopes and fingerprints them,
+//! what it keeps, and the policy text it serves.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{self, HeaderName};
+use http::{Method, StatusCode};
+use sha2::{Digest, Sha256};
+use tower_layer::Layer;
+
+use super::service::Idempotent;
+use crate::runtime::Idem;
+
+type Principal = dyn Fn(&http::request::Parts) -> String + Send + Sync;
+type Enforced = dyn Fn(&Method, &str) -> bool + Send + Sync;
+
+/// A tower [`Layer`] that guards requests with the `Idempotency-Key` header. See the module docs.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    config: Arc<Config>,
+}
+
+pub(super) struct Config {
+    pub(super) idem: Idem,
+    pub(super) methods: Vec<Method>,
+    pub(super) enforced: Option<Arc<Enforced>>,
+    pub(super) required: bool,
+    pub(super) lenient: bool,
+    pub(super) max_body: usize,
+    pub(super) skip: Vec<Vec<String>>,
+    pub(super) replay_headers: Vec<HeaderName>,
+    pub(super) principal: Arc<Principal>,
+    pub(super) policy_url: String,
+    pub(super) serve_policy: bool,
+    pub(super) ttl: Option<Duration>,
+    pub(super) lease: Option<Duration>,
+    pub(super) stores: fn(StatusCode) -> bool,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.config;
+        f.debug_struct("IdempotencyLayer")
+            .field("methods", &c.methods)
+            .field("required", &c.required)
+            .field("lenient", &c.lenient)
+            .field("max_body", &c.max_body)
+            .field("policy_url", &c.policy_url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The path the layer serves its policy at, unless [`IdempotencyLayer::policy_url`] moves it.
+pub const DEFAULT_POLICY_PATH: &str = "/idempotency-policy";
+
+/// Statuses that say the request had no effect, so its key is released rather than stored.
+fn default_stores(status: StatusCode) -> bool {
+    !matches!(
+        status.as_u16(),
+        400 | 401 | 403 | 404 | 405 | 409 | 413 | 415 | 422 | 429
+    )
+}
+
+/// The default principal: a hash of the `Authorization` header (`anonymous` without one).
+fn default_principal(parts: &http::request::Parts) -> String {
+    match parts.headers.get(header::AUTHORIZATION) {
+        Some(value) => {
+            let digest = Sha256::digest(value.as_bytes());
+            let mut out = String::from("authorization:");
+            crate::hex::push(&mut out, &digest[..16]);
+            out
+        }
+        None => "anonymous".to_owned(),
+    }
+}
+
+impl IdempotencyLayer {
+    /// Guards POST and PATCH requests of every route, keys required, records in `idem`'s store
+    /// with its TTL and lease.
+    pub fn new(idem: Idem) -> Self {
+        IdempotencyLayer {
+            config: Arc::new(Config {
+                idem,
+                methods: vec![Method::POST, Method::PATCH],
+                enforced: None,
+                required: true,
+                lenient: true,
+                max_body: 1 << 20,
+                skip: Vec::new(),
+                replay_headers: vec![header::CONTENT_TYPE, header::LOCATION],
+                principal: Arc::new(default_principal),
+                policy_url: DEFAULT_POLICY_PATH.to_owned(),
+                serve_policy: true,
+                ttl: None,
+                lease: None,
+                stores: default_stores,
+            }),
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(Arc::get_mut(&mut self.config).expect("configured before it is shared"));
+        self
+    }
+
+    /// The methods guarded (default POST and PATCH). GET, PUT and DELETE are idempotent by
+    /// definition and pass through unless listed here.
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.with(|c| c.methods = methods)
+    }
+
+    /// Guards only the requests for which `enforced(method, path)` is true (default: every
+    /// request with a guarded method).
+    pub fn routes(self, enforced: impl Fn(&Method, &str) -> bool + Send + Sync + 'static) -> Self {
+        self.with(|c| c.enforced = Some(Arc::new(enforced)))
+    }
+
+    /// Lets a request without a key through, unprotected (default: 400).
+    pub fn key_optional(self) -> Self {
+        self.with(|c| c.required = false)
+    }
+
+    /// Accepts only structured-field Strings (`"…"`), not bare keys (default: both).
+    pub fn strict_syntax(self) -> Self {
+        self.with(|c| c.lenient = false)
+    }
+
+    /// The largest request body read (default 1 MiB); a larger one is 413 before anything is stored.
+    pub fn max_body(self, bytes: usize) -> Self {
+        self.with(|c| c.max_body = bytes)
+    }
+
+    /// Body fields left out of the fingerprint, as dotted paths into JSON bodies (`meta.trace`)
+    /// or names of form fields (`metadata[trace]`): volatile values a client adds on retries.
+    pub fn skip<'a>(self, fields: impl IntoIterator<Item = &'a str>) -> Self {
+        let fields = fields
+            .into_iter()
+            .map(|f| f.split('.').map(str::to_owned).collect())
+            .collect();
+        self.with(|c| c.skip = fields)
+    }
+
+    /// Response headers stored and replayed with the status and body (default `Content-Type`
+    /// and `Location`).
+    pub fn replay_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        let headers = headers.into_iter().collect();
+        self.with(|c| c.replay_headers = headers)
+    }
+
+    /// Who a request acts for: keys are scoped by this value (default: a hash of the
+    /// `Authorization` header, `anonymous` without one). Two principals never share a key.
+    pub fn principal(
+        self,
+        principal: impl Fn(&http::request::Parts) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.with(|c| c.principal = Arc::new(principal))
+    }
+
+    /// Where the policy is published: problem `type`s are `URL#code` and every problem links
+    /// to it. A path (default `/idempotency-policy`) is served by the layer itself; an absolute
+    /// URL is yours to publish.
+    pub fn policy_url(self, url: impl Into<String>) -> Self {
+        let url = url.into();
+        self.with(|c| {
+            c.serve_policy = url.starts_with('/');
+            c.policy_url = url;
+        })
+    }
+
+    /// How long a response is kept for replays (default: the runtime's TTL, 24 h).
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.with(|c| c.ttl = Some(ttl))
+    }
+
+    /// How long a running request blocks its key before another may take it over (default: the
+    /// runtime's lease). Set it above your slowest handler.
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with(|c| c.lease = Some(lease))
+    }
+
+    /// Which responses are stored for replay (default: all but 400, 401, 403, 404, 405, 409,
+    /// 413, 415, 422 and 429, which say the request had no effect: their key is released, so a
+    /// corrected retry runs). A 500 that ran is stored.
+    pub fn store_responses(self, stores: fn(StatusCode) -> bool) -> Self {
+        self.with(|c| c.stores = stores)
+    }
+
+    /// The policy this layer applies, in Markdown, as it serves it.
+    pub fn policy(&self) -> String {
+        self.config.policy()
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotent<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotent {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl Config {
+    pub(super) fn policy(&self) -> String {
+        let methods: Vec<&str> = self.methods.iter().map(Method::as_str).collect();
+        let ttl = self.ttl.unwrap_or(self.idem.default_ttl());
+        let lease = self.lease.unwrap_or(self.idem.default_lease());
+        let mut out = String::from("# Idempotency policy\n\n");
+        let _ = writeln!(
+            out,
+            "- Requests: {} {}carry an `Idempotency-Key` header.",
+            methods.join(", "),
+            if self.required { "must " } else { "may " }
+        );
+        let _ = writeln!(
+            out,
+            "- Key: 1 to 255 visible ASCII characters, as a structured-field String (`\"…\"`){}. \
+             One header, not empty. Otherwise: 400.",
+            if self.lenient { " or bare" } else { "" }
+        );
+        out.push_str(
+            "- Scope: keys belong to the caller (the credentials of the request); two callers \
+             never share a key.\n",
+        );
+        out.push_str(
+            "- Fingerprint: method, path and body (JSON canonicalized per RFC 8785, form fields \
+             sorted, other bodies as bytes)",
+        );
+        if self.skip.is_empty() {
+            out.push_str(". ");
+        } else {
+            let fields: Vec<String> = self.skip.iter().map(|p| p.join(".")).collect();
+            let _ = write!(out, ", without the fields {}. ", fields.join(", "));
+        }
+        out.push_str("The same key with another fingerprint: 422.\n");
+        let _ = writeln!(
+            out,
+            "- While the first request runs: 409 with `Retry-After` (a request holds its key for \
+             up to {} s).",
+            lease.as_secs()
+        );
+        let _ = writeln!(
+            out,
+            "- After it: its status, headers and body, replayed with `Idempotent-Replayed: true`, \
+             errors included, for {} h. Responses 400, 401, 403, 404, 405, 409, 413, 415, 422 and \
+             429 are not kept: a corrected retry runs.",
+            ttl.as_secs() / 3600
+        );
+        let _ = writeln!(
+            out,
+            "- Request bodies over {} bytes: 413. Errors are `application/problem+json`.",
+            self.max_body
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Request, StatusCode, header};
+
+    use super::{default_principal, default_stores};
+
+    #[test]
+    fn no_effect_statuses_are_released() {
+        for s in [400, 401, 403, 404, 405, 409, 413, 415, 422, 429] {
+            assert!(!default_stores(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+        for s in [200, 201, 202, 204, 302, 402, 500, 502, 503] {
+            assert!(default_stores(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+    }
+
+    #[test]
+    fn principals_are_hashed() {
+        let (parts, ()) = Request::builder()
+            .header(header::AUTHORIZATION, "Bearer sk_test_secret")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let p = default_principal(&parts);
+        assert!(
+            p.starts_with("authorization:") && !p.contains("secret"),
+            "{p}"
+        );
+        let (anon, ()) = Request::new(()).into_parts();
+        assert_eq!(default_principal(&anon), "anonymous");
+    }
+}

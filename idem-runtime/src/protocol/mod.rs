@@ -1,0 +1,288 @@
+//! The call protocol: claim → (replay | refuse | check | run) → settle, written once and used by
+//! every entry point (the `#[idempotent]` macro's `__private::run_*` and the HTTP layer).
+//!
+//! | step | what happens | in |
+//! |---|---|---|
+//! | prepare | no scope, an unfingerprintable argument, a malformed or missing key part, a bad tenant: refused before the store is touched | [`call`] |
+//! | claim | one atomic store call decides the key by the store's decision table ([`decide`](crate::store::decide)) | [`claim`] |
+//! | replay | a completed record: its value, or its stored error, decoded | [`call`], [`record`] |
+//! | refuse | `Mismatch`, `InFlight` (with how long to wait), `Unknown` | [`Claiming`] |
+//! | check | an orphan or `unknown` record taken over: the tool's state check decides first | [`call::Check`] |
+//! | run | the body, as [`current()`](crate::current()) call | [`call`] |
+//! | settle | complete (fenced by the claim's token) or release, as the tool's `on_error` policy says | [`Claimed`], [`policy`] |
+//!
+//! A key is only ever settled through the [`Claimed`] its claim returned: the fencing token
+//! never leaves it, so a settlement cannot name another claim's token.
+
+pub(crate) mod call;
+pub(crate) mod policy;
+pub(crate) mod record;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::StoreError;
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::runtime::Idem;
+use crate::store::{
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, RecordStatus, UnixMillis,
+};
+
+/// What one call means to claim: the key of an intent, under a tenant.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Intent<'a> {
+    /// The tenant (for HTTP, the principal).
+    pub tenant: &'a str,
+    /// The derived key.
+    pub key: IdempotencyKey,
+    /// The tool's stable name.
+    pub tool: &'static str,
+    /// The fingerprint of the arguments.
+    pub fingerprint: Fingerprint,
+    /// How long a new claim blocks other callers.
+    pub lease: Duration,
+    /// How long the record lives.
+    pub ttl: Duration,
+    /// What a claim does with an orphan or an `unknown` record.
+    pub orphans: Orphans,
+}
+
+/// What a claim found, decided.
+#[derive(Debug)]
+pub(crate) enum Claiming {
+    /// The key is this call's: run (or check), then settle through [`Claimed`].
+    Acquired(Claimed),
+    /// Completed with the same fingerprint: the stored bytes, to replay.
+    Completed(Vec<u8>),
+    /// Used with other arguments.
+    Mismatch,
+    /// Held by a live call: wait this long, then retry with the same key.
+    InFlight(Duration),
+    /// Blocked as unknown: an earlier call may have had its effect.
+    Unknown,
+}
+
+/// Claims `intent`'s key in `idem`'s store, reading the time once from `idem`'s clock.
+pub(crate) async fn claim(idem: &Idem, intent: Intent<'_>) -> Result<Claiming, StoreError> {
+    let now = idem.clock().now();
+    let claim = idem
+        .store()
+        .claim(ClaimRequest {
+            tenant: intent.tenant,
+            key: intent.key,
+            tool: intent.tool,
+            fingerprint: intent.fingerprint,
+            now,
+            lease: intent.lease,
+            ttl: intent.ttl,
+            orphans: intent.orphans,
+        })
+        .await?;
+    Ok(match claim {
+        Claim::Acquired { token, takeover } => Claiming::Acquired(Claimed {
+            idem: idem.clone(),
+            tenant: Arc::from(intent.tenant),
+            key: intent.key,
+            token,
+            ttl: intent.ttl,
+            takeover,
+        }),
+        Claim::Completed { result } => Claiming::Completed(result),
+        Claim::Mismatch => Claiming::Mismatch,
+        Claim::InFlight { lease_expires_at } => {
+            Claiming::InFlight(retry_after(lease_expires_at, now, intent.lease))
+        }
+        Claim::Unknown => Claiming::Unknown,
+    })
+}
+
+/// How long to wait for an in-flight call: until its lease lapses by this caller's clock, and
+/// never more than one lease (the owner read its clock a little later than this caller, or runs
+/// slightly ahead).
+pub(crate) fn retry_after(
+    lease_expires_at: UnixMillis,
+    now: UnixMillis,
+    lease: Duration,
+) -> Duration {
+    Duration::from_millis(lease_expires_at.saturating_sub(now)).min(lease)
+}
+
+/// A key this call holds. Settling it is fenced by the claim's token: after a takeover by
+/// another caller, [`complete`](Claimed::complete) answers [`Fenced::Lost`] and changes nothing.
+#[derive(Debug)]
+pub(crate) struct Claimed {
+    idem: Idem,
+    tenant: Arc<str>,
+    key: IdempotencyKey,
+    token: FencingToken,
+    ttl: Duration,
+    takeover: bool,
+}
+
+impl Claimed {
+    /// The fencing token (for the call's span).
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// Whether the claim took over an orphan or an `unknown` record: an earlier owner may have
+    /// had the effect.
+    pub fn takeover(&self) -> bool {
+        self.takeover
+    }
+
+    /// Records the key as `status` with `result`, if this claim still owns it.
+    pub async fn complete(
+        &self,
+        status: RecordStatus,
+        result: &[u8],
+    ) -> Result<Fenced, StoreError> {
+        self.idem
+            .store()
+            .complete(Completion {
+                tenant: &self.tenant,
+                key: self.key,
+                token: self.token,
+                status,
+                result,
+                now: self.idem.clock().now(),
+                ttl: self.ttl,
+            })
+            .await
+    }
+
+    /// Deletes the claim, so that the next call runs: nothing happened.
+    pub async fn release(self) -> Result<Fenced, StoreError> {
+        self.idem
+            .store()
+            .release(&self.tenant, self.key, self.token)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Claiming, Intent, claim, retry_after};
+    use crate::fingerprint::Fingerprint;
+    use crate::key::{KeyPart, derive_key};
+    use crate::runtime::Idem;
+    use crate::store::faulty::{Faults, FaultyStore};
+    use crate::store::memory::MemoryStore;
+    use crate::store::{Fenced, Orphans, RecordStatus};
+
+    fn intent(fingerprint: u8, lease_ms: u64) -> Intent<'static> {
+        Intent {
+            tenant: "tenant-p",
+            key: derive_key(
+                "tenant-p",
+                "protocol.test",
+                &[KeyPart::new("run-1").unwrap()],
+            ),
+            tool: "protocol.test",
+            fingerprint: Fingerprint::from_bytes([fingerprint; 32]),
+            lease: Duration::from_millis(lease_ms),
+            ttl: Duration::from_secs(60),
+            orphans: Orphans::TakeOver,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_key_is_acquired_then_replayed_once_completed() {
+        let idem = Idem::with_store(MemoryStore::new());
+        let Claiming::Acquired(claimed) = claim(&idem, intent(1, 30_000)).await.unwrap() else {
+            panic!("a new key is acquired");
+        };
+        assert!(!claimed.takeover());
+        assert_eq!(
+            claimed
+                .complete(RecordStatus::Completed, b"{\"ok\":7}")
+                .await
+                .unwrap(),
+            Fenced::Applied
+        );
+        match claim(&idem, intent(1, 30_000)).await.unwrap() {
+            Claiming::Completed(bytes) => assert_eq!(bytes, b"{\"ok\":7}"),
+            other => panic!("a completed key replays: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn other_arguments_are_a_mismatch_and_a_held_key_says_how_long_to_wait() {
+        let idem = Idem::with_store(MemoryStore::new());
+        let Claiming::Acquired(_held) = claim(&idem, intent(1, 30_000)).await.unwrap() else {
+            panic!("acquired");
+        };
+        assert!(matches!(
+            claim(&idem, intent(2, 30_000)).await.unwrap(),
+            Claiming::Mismatch
+        ));
+        match claim(&idem, intent(1, 30_000)).await.unwrap() {
+            Claiming::InFlight(wait) => {
+                assert!(wait <= Duration::from_secs(30) && wait > Duration::from_secs(25));
+            }
+            other => panic!("held: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_released_key_runs_again_and_a_taken_over_claim_cannot_settle() {
+        let idem = Idem::with_store(MemoryStore::new());
+        let Claiming::Acquired(first) = claim(&idem, intent(1, 30_000)).await.unwrap() else {
+            panic!("acquired");
+        };
+        assert_eq!(first.release().await.unwrap(), Fenced::Applied);
+        let Claiming::Acquired(zombie) = claim(&idem, intent(1, 1)).await.unwrap() else {
+            panic!("released keys are free");
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let Claiming::Acquired(owner) = claim(&idem, intent(1, 30_000)).await.unwrap() else {
+            panic!("a lapsed lease is taken over");
+        };
+        assert!(owner.takeover());
+        assert_ne!(owner.token(), zombie.token());
+        assert_eq!(
+            zombie
+                .complete(RecordStatus::Completed, b"{}")
+                .await
+                .unwrap(),
+            Fenced::Lost,
+            "the zombie's completion is fenced out"
+        );
+        assert_eq!(
+            owner
+                .complete(RecordStatus::Completed, b"{}")
+                .await
+                .unwrap(),
+            Fenced::Applied
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_store_is_an_error_never_a_claim() {
+        let faults = Faults::seeded(1).fail_before(1.0);
+        let idem = Idem::with_store(FaultyStore::new(MemoryStore::new(), faults));
+        assert!(claim(&idem, intent(1, 30_000)).await.is_err());
+    }
+
+    #[test]
+    fn the_wait_is_the_rest_of_the_lease_and_never_more_than_a_lease() {
+        let lease = Duration::from_secs(30);
+        assert_eq!(
+            retry_after(1_000 + 12_000, 1_000, lease),
+            Duration::from_secs(12)
+        );
+        assert_eq!(
+            retry_after(1_000, 5_000, lease),
+            Duration::ZERO,
+            "already lapsed"
+        );
+        assert_eq!(
+            retry_after(100_000, 0, lease),
+            lease,
+            "a clock behind the owner's"
+        );
+    }
+}

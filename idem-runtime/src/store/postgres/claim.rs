@@ -1,0 +1,161 @@
+//! The statements, prepared per schema: the one-round-trip claim of the common cases, the
+//! `idem_claim` function for the rest, the fenced writes; and how their rows decode.
+
+use tokio_postgres::Row;
+
+use super::{bytes32, corrupt};
+use crate::error::StoreError;
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::store::replay_cache::ReplayCache;
+use crate::store::{Claim, ClaimRequest, FencingToken, Record, RecordStatus};
+
+/// The columns of a [`Record`], in [`decode_record`]'s order.
+pub(super) const COLUMNS: &str = "tenant, key, tool, fingerprint, status, token, lease_expires_at, \
+     created_at, expires_at, result, note";
+
+/// The condition of a record an operator may resolve (`$3` is now).
+pub(super) const BLOCKED: &str = "tenant = $1 AND key = $2 \
+     AND (status = 'unknown' OR (status = 'in_flight' AND lease_expires_at <= $3))";
+
+/// The SQL of one schema, with its name substituted once.
+#[derive(Debug)]
+pub(super) struct Sql {
+    /// The common claims in one plain statement (no function call): a new key is inserted, and a
+    /// live record answers replay, mismatch, in flight or unknown from one snapshot. Anything
+    /// else (expired, lapsed lease, this claim sent again, a concurrent insert) answers `-1` or
+    /// no row, and the claim goes to [`Sql::claim`].
+    pub(super) claim_fast: String,
+    /// The whole decision table: the schema's function `idem_claim`.
+    pub(super) claim: String,
+    pub(super) complete: String,
+    pub(super) release: String,
+    pub(super) lookup: String,
+    pub(super) scan: String,
+    pub(super) resolve_complete: String,
+    pub(super) resolve_release: String,
+    pub(super) delete: String,
+    pub(super) purge: String,
+    pub(super) version: String,
+}
+
+impl Sql {
+    pub(super) fn new(schema: &str) -> Self {
+        let t = format!("\"{schema}\".idem_records");
+        Sql {
+            claim_fast: format!(
+                "WITH held AS (SELECT fingerprint, status, token, lease_expires_at, expires_at, \
+                 result FROM {t} WHERE tenant = $1::text AND key = $2::bytea), \
+                 ins AS (INSERT INTO {t} (tenant, key, tool, fingerprint, status, token, \
+                 lease_expires_at, created_at, expires_at) SELECT $1, $2, $3::text, $4::bytea, \
+                 'in_flight', $5::bigint, $6::bigint + $7::bigint, $6, $6 + $8::bigint \
+                 WHERE NOT EXISTS (SELECT 1 FROM held) \
+                 ON CONFLICT (tenant, key) DO NOTHING RETURNING token) \
+                 SELECT 0::smallint, token, NULL::bigint, NULL::bigint, NULL::bytea FROM ins \
+                 UNION ALL \
+                 SELECT CASE WHEN h.expires_at <= $6 THEN -1 \
+                 WHEN h.fingerprint <> $4 THEN 2 \
+                 WHEN h.status = 'completed' THEN 3 \
+                 WHEN h.token = $5 THEN -1 \
+                 WHEN h.status = 'unknown' THEN CASE WHEN $9::smallint = 1 THEN -1 ELSE 5 END \
+                 WHEN h.lease_expires_at > $6 THEN 4 \
+                 ELSE -1 END::smallint, NULL, h.lease_expires_at, h.expires_at, h.result \
+                 FROM held h"
+            ),
+            claim: format!(
+                "SELECT decision, token, lease_expires_at, expires_at, result \
+                 FROM \"{schema}\".idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+            ),
+            complete: format!(
+                "UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
+                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
+                 RETURNING 1"
+            ),
+            release: format!(
+                "DELETE FROM {t} WHERE tenant = $1 AND key = $2 AND token = $3 \
+                 AND status = 'in_flight' RETURNING 1"
+            ),
+            lookup: format!("SELECT {COLUMNS} FROM {t} WHERE tenant = $1 AND key = $2"),
+            scan: format!(
+                "SELECT {COLUMNS} FROM {t} WHERE ($1::text IS NULL OR tenant = $1) \
+                 AND (tenant, key) > ($2, $3) ORDER BY tenant, key LIMIT $4"
+            ),
+            resolve_complete: format!(
+                "UPDATE {t} SET status = 'completed', result = $4, note = $5, token = 0 \
+                 WHERE {BLOCKED} RETURNING 1"
+            ),
+            resolve_release: format!("DELETE FROM {t} WHERE {BLOCKED} RETURNING 1"),
+            delete: format!("DELETE FROM {t} WHERE tenant = $1 AND key = $2 RETURNING 1"),
+            purge: format!(
+                "DELETE FROM {t} WHERE (tenant, key) IN (SELECT tenant, key FROM {t} \
+                 WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1"
+            ),
+            version: format!(
+                "SELECT value FROM \"{schema}\".idem_meta WHERE name = 'schema_version'"
+            ),
+        }
+    }
+}
+
+pub(super) fn decode_claim(
+    row: &Row,
+    token: FencingToken,
+    req: ClaimRequest<'_>,
+    replays: &ReplayCache,
+) -> Result<Claim, StoreError> {
+    const OP: &str = "claim";
+    let decision: i16 = row.get(0);
+    Ok(match decision {
+        0 | 1 => {
+            let stored: i64 = row.get(1);
+            if stored as u64 != token.get() {
+                return Err(corrupt(OP, "the server answered with another token"));
+            }
+            Claim::Acquired {
+                token,
+                takeover: decision == 1,
+            }
+        }
+        2 => Claim::Mismatch,
+        3 => {
+            let result: Option<Vec<u8>> = row.get(4);
+            let result = result.unwrap_or_default();
+            let expires_at: i64 = row.get(3);
+            replays.put(
+                req.tenant,
+                req.key,
+                req.fingerprint,
+                &result,
+                expires_at.max(0) as u64,
+            );
+            Claim::Completed { result }
+        }
+        4 => {
+            let lease: i64 = row.get(2);
+            Claim::InFlight {
+                lease_expires_at: lease.max(0) as u64,
+            }
+        }
+        5 => Claim::Unknown,
+        other => return Err(corrupt(OP, &format!("unknown decision {other}"))),
+    })
+}
+
+pub(super) fn decode_record(row: &Row) -> Result<Record, StoreError> {
+    const OP: &str = "lookup";
+    let status: &str = row.get(4);
+    let time = |i: usize| row.get::<_, i64>(i).max(0) as u64;
+    Ok(Record {
+        tenant: row.get(0),
+        key: IdempotencyKey::from_bytes(bytes32(OP, row.get(1))?),
+        tool: row.get(2),
+        fingerprint: Fingerprint::from_bytes(bytes32(OP, row.get(3))?),
+        status: RecordStatus::parse(status).ok_or_else(|| corrupt(OP, "unknown status"))?,
+        token: FencingToken::from_raw(row.get::<_, i64>(5) as u64),
+        lease_expires_at: time(6),
+        created_at: time(7),
+        expires_at: time(8),
+        result: row.get(9),
+        note: row.get(10),
+    })
+}

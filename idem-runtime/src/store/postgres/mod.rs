@@ -1,0 +1,469 @@
+//! The shared PostgreSQL store: many workers on many machines, one key space.
+//!
+//! `Idem::open("postgres://user@host/db")` connects (a pool) and creates or checks the schema.
+//! What it guarantees:
+//!
+//! - **Atomic claims, one round trip in the common cases.** The decision table of DESIGN §2 runs
+//!   inside the server. A new key, a replay, a mismatch, a live in-flight record and a blocked
+//!   unknown one are decided by one plain statement (read, and insert when nothing is there,
+//!   under one snapshot); the rare rest (an expired key, a lapsed lease, a claim sent again
+//!   after a lost answer, a key inserted by another claim at the same instant) makes nothing
+//!   there and goes to the function `idem_claim` the schema installs, one more round trip. A
+//!   claim that only reads takes no lock and writes nothing; a claim that writes does it with a
+//!   conditional statement that the server re-checks under the row lock (the insert by its
+//!   primary key), so concurrent claims of one key from any number of processes have one winner.
+//! - **Durable claims.** The claim commits before [`Claim::Acquired`] is answered; with the
+//!   server's defaults (`fsync=on`, `synchronous_commit=on`) that commit survives a crash of
+//!   the server. [`StoreHealth::durable`] reports the server's settings.
+//! - **Fenced writes.** Completion and release apply only while the record carries the caller's
+//!   token.
+//! - **Connection loss is survivable.** Connections come from a pool (broken ones are replaced);
+//!   a claim, completion or release whose connection broke before the answer is sent again once
+//!   on a new connection, and each is written so that sending it twice is harmless (a claim
+//!   recognises its own token).
+//! - **A versioned schema**, created under an advisory lock (so processes starting together do
+//!   not race), in the schema named by `?schema=` (default `public`); a store written by a newer
+//!   version is refused untouched.
+//!
+//! URL: `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?option=value&…]`, with the libpq-style
+//! options tokio-postgres knows (`connect_timeout` in seconds, `application_name`, …) and these:
+//! `schema` (an identifier, default `public`), `pool_size` (default 16), `pool_timeout_ms`
+//! (waiting for a connection, default 5000), `statement_timeout_ms` (default 10000; 0 turns it
+//! off), `replay_cache` (entries, default 1024, 0 turns it off). TLS is not supported by this
+//! build: use it on a private network or a loopback/socket connection.
+
+use std::time::Duration;
+
+use deadpool_postgres::{
+    Manager, ManagerConfig, Pool, PoolError, QueueMode, RecyclingMethod, Runtime,
+};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use crate::error::{StoreError, StoreErrorKind};
+use crate::key::IdempotencyKey;
+use crate::store::replay_cache::ReplayCache;
+use crate::store::{
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, Store, StoreFuture,
+    StoreHealth, UnixMillis, after,
+};
+
+mod admin;
+mod claim;
+mod options;
+mod schema;
+
+pub use self::options::PostgresOptions;
+pub use self::schema::SCHEMA_VERSION;
+
+use self::claim::{Sql, decode_claim, decode_record};
+
+const BACKEND: &str = "postgres";
+
+/// The shared PostgreSQL [`Store`]. Cheap to clone; clones share the pool.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: std::sync::Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    sql: Sql,
+    replays: ReplayCache,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let status = self.inner.pool.status();
+        f.debug_struct("PostgresStore")
+            .field("pool_size", &status.max_size)
+            .field("connections", &status.size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Classifies a driver error; the driver's own text stays in `source()`.
+fn pg_error(op: &str, e: tokio_postgres::Error) -> StoreError {
+    let (kind, cause) = match e.code() {
+        Some(code)
+            if *code == SqlState::UNDEFINED_TABLE || *code == SqlState::UNDEFINED_FUNCTION =>
+        {
+            (
+                StoreErrorKind::Schema,
+                "idem's tables are missing (dropped?); reopen the store to recreate them",
+            )
+        }
+        Some(code)
+            if *code == SqlState::INVALID_PASSWORD
+                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION =>
+        {
+            (
+                StoreErrorKind::Unavailable,
+                "the server refused the credentials",
+            )
+        }
+        Some(code) if *code == SqlState::INVALID_CATALOG_NAME => {
+            (StoreErrorKind::Unavailable, "the database does not exist")
+        }
+        Some(code) if *code == SqlState::INSUFFICIENT_PRIVILEGE => (
+            StoreErrorKind::Unavailable,
+            "the user lacks a privilege idem needs",
+        ),
+        Some(code) if *code == SqlState::QUERY_CANCELED => {
+            (StoreErrorKind::Timeout, "the statement timed out")
+        }
+        Some(code)
+            if *code == SqlState::ADMIN_SHUTDOWN
+                || *code == SqlState::CRASH_SHUTDOWN
+                || *code == SqlState::CANNOT_CONNECT_NOW
+                || *code == SqlState::TOO_MANY_CONNECTIONS =>
+        {
+            (
+                StoreErrorKind::Unavailable,
+                "the server is shutting down, starting up or full",
+            )
+        }
+        Some(code) if *code == SqlState::T_R_SERIALIZATION_FAILURE => (
+            StoreErrorKind::Timeout,
+            "the record kept changing under the claim",
+        ),
+        Some(_) => (StoreErrorKind::Other, "the server reported an error"),
+        None if e.is_closed() => (StoreErrorKind::Unavailable, "the connection was closed"),
+        None => (StoreErrorKind::Unavailable, "cannot reach the server"),
+    };
+    StoreError::with_source(BACKEND, kind, format!("{op}: {cause}"), e)
+}
+
+fn pool_error(op: &str, e: PoolError) -> StoreError {
+    match e {
+        PoolError::Backend(e) => pg_error(op, e),
+        PoolError::Timeout(_) => StoreError::new(
+            BACKEND,
+            StoreErrorKind::Timeout,
+            format!("{op}: no connection became available in time (server down or pool exhausted)"),
+        ),
+        PoolError::Closed => StoreError::new(
+            BACKEND,
+            StoreErrorKind::Closed,
+            format!("{op}: the pool is closed"),
+        ),
+        other => StoreError::with_source(
+            BACKEND,
+            StoreErrorKind::Unavailable,
+            format!("{op}: cannot get a connection"),
+            other,
+        ),
+    }
+}
+
+/// Whether an operation may have failed only because its connection broke, so that sending it
+/// again on another connection is the right thing to do.
+fn connection_broke(e: &StoreError) -> bool {
+    e.kind() == StoreErrorKind::Unavailable
+        && std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<tokio_postgres::Error>())
+            .is_some_and(|pg| match pg.code() {
+                None => true,
+                // The server ended the session (a restart, an administrator): a new connection
+                // may well work.
+                Some(code) => {
+                    pg.is_closed()
+                        || *code == SqlState::ADMIN_SHUTDOWN
+                        || *code == SqlState::CRASH_SHUTDOWN
+                        || *code == SqlState::CANNOT_CONNECT_NOW
+                }
+            })
+}
+
+fn db_time(t: UnixMillis) -> i64 {
+    i64::try_from(t).unwrap_or(i64::MAX)
+}
+
+fn db_millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn corrupt(op: &str, what: &str) -> StoreError {
+    StoreError::new(BACKEND, StoreErrorKind::Corrupt, format!("{op}: {what}"))
+}
+
+fn bytes32(op: &str, bytes: &[u8]) -> Result<[u8; 32], StoreError> {
+    bytes
+        .try_into()
+        .map_err(|_| corrupt(op, "a 32-byte column has another length"))
+}
+
+impl PostgresStore {
+    /// Connects, and creates or checks the schema.
+    pub async fn open(options: PostgresOptions) -> Result<Self, StoreError> {
+        let manager = Manager::from_config(
+            options.config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size)
+            // The most recently used connection first: its server process is the one awake.
+            .queue_mode(QueueMode::Lifo)
+            .wait_timeout(Some(options.pool_timeout))
+            .create_timeout(Some(options.pool_timeout))
+            .recycle_timeout(Some(options.pool_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| {
+                StoreError::with_source(BACKEND, StoreErrorKind::Other, "building the pool", e)
+            })?;
+        let store = PostgresStore {
+            inner: std::sync::Arc::new(Inner {
+                pool,
+                sql: Sql::new(&options.schema),
+                replays: ReplayCache::new(options.replay_cache),
+            }),
+        };
+        store.migrate(&options.schema).await?;
+        Ok(store)
+    }
+
+    /// Parses `url` and opens the store.
+    pub async fn open_url(url: &str) -> Result<Self, StoreError> {
+        let options = PostgresOptions::from_url(url)
+            .map_err(|reason| StoreError::new(BACKEND, StoreErrorKind::Other, reason))?;
+        Self::open(options).await
+    }
+
+    async fn client(&self, op: &str) -> Result<deadpool_postgres::Object, StoreError> {
+        self.inner.pool.get().await.map_err(|e| pool_error(op, e))
+    }
+
+    /// Runs a prepared statement on a pooled connection and returns its rows. When the
+    /// connection broke under it, the connection is thrown away (never handed out again) and the
+    /// statement runs once more on a new one; every statement here is safe to send twice.
+    async fn query(
+        &self,
+        op: &str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let mut retried = false;
+        loop {
+            let client = self.client(op).await?;
+            let result = match client.prepare_cached(sql).await {
+                Ok(stmt) => client.query(&stmt, params).await,
+                Err(e) => Err(e),
+            }
+            .map_err(|e| pg_error(op, e));
+            match result {
+                Err(e) if connection_broke(&e) && !retried => {
+                    drop(deadpool_postgres::Object::take(client));
+                    retried = true;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Store for PostgresStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+        Box::pin(async move {
+            const OP: &str = "claim";
+            let replays = &self.inner.replays;
+            if let Some(answer) = replays.get(req.tenant, &req.key, req.fingerprint, req.now) {
+                return Ok(answer);
+            }
+            let token = FencingToken::generate();
+            let params: [&(dyn ToSql + Sync); 9] = [
+                &req.tenant,
+                &&req.key.as_bytes()[..],
+                &req.tool,
+                &&req.fingerprint.as_bytes()[..],
+                &(token.get() as i64),
+                &db_time(req.now),
+                &db_millis(req.lease),
+                &db_millis(req.ttl),
+                &match req.orphans {
+                    Orphans::TakeOver => 0i16,
+                    Orphans::Reconcile => 1,
+                    Orphans::Block => 2,
+                },
+            ];
+            let rows = self.query(OP, &self.inner.sql.claim_fast, &params).await?;
+            if let Some(row) = rows.first().filter(|row| row.get::<_, i16>(0) >= 0) {
+                return decode_claim(row, token, req, replays);
+            }
+            let rows = self.query(OP, &self.inner.sql.claim, &params).await?;
+            let row = rows
+                .first()
+                .ok_or_else(|| corrupt(OP, "the claim answered no row"))?;
+            decode_claim(row, token, req, replays)
+        })
+    }
+
+    fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let expires_at = db_time(after(c.now, c.ttl));
+            let token = c.token.get() as i64;
+            let key = &c.key.as_bytes()[..];
+            let status = c.status.as_str();
+            let params: [&(dyn ToSql + Sync); 6] =
+                [&c.tenant, &key, &token, &c.result, &expires_at, &status];
+            let applied = self
+                .query("complete", &self.inner.sql.complete, &params)
+                .await?;
+            if !applied.is_empty() {
+                return Ok(Fenced::Applied);
+            }
+            // Nothing changed: either another owner holds the key, or an earlier attempt whose
+            // answer was lost already completed it with this very token.
+            let ours = self.lookup(c.tenant, c.key).await?.is_some_and(|r| {
+                r.token == c.token && r.status == c.status && r.result.as_deref() == Some(c.result)
+            });
+            Ok(if ours { Fenced::Applied } else { Fenced::Lost })
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        token: FencingToken,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let (key, token) = (&key.as_bytes()[..], token.get() as i64);
+            let deleted = self
+                .query("release", &self.inner.sql.release, &[&tenant, &key, &token])
+                .await?;
+            Ok(if deleted.is_empty() {
+                Fenced::Lost
+            } else {
+                Fenced::Applied
+            })
+        })
+    }
+
+    fn lookup<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+    ) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move {
+            let key = &key.as_bytes()[..];
+            let rows = self
+                .query("lookup", &self.inner.sql.lookup, &[&tenant, &key])
+                .await?;
+            rows.first().map(decode_record).transpose()
+        })
+    }
+
+    fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
+        Box::pin(async move {
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let purged = self
+                .query("purge", &self.inner.sql.purge, &[&db_time(now), &limit])
+                .await?;
+            Ok(purged.len())
+        })
+    }
+
+    fn health(&self) -> StoreFuture<'_, StoreHealth> {
+        Box::pin(async move {
+            const OP: &str = "health check";
+            let client = self.client(OP).await?;
+            let version: Option<i32> = client
+                .query_opt(&self.inner.sql.version, &[])
+                .await
+                .map_err(|e| pg_error(OP, e))?
+                .map(|row| row.get(0));
+            let settings = client
+                .query_one(
+                    "SELECT current_setting('fsync'), current_setting('synchronous_commit')",
+                    &[],
+                )
+                .await
+                .map_err(|e| pg_error(OP, e))?;
+            let (fsync, commit): (String, String) = (settings.get(0), settings.get(1));
+            let durable = fsync == "on" && commit != "off";
+            Ok(StoreHealth {
+                backend: BACKEND,
+                schema_version: version.map_or(0, |v| v.max(0) as u32),
+                expected_schema_version: SCHEMA_VERSION,
+                durable,
+                detail: (!durable).then(|| {
+                    format!(
+                        "the server runs with fsync={fsync}, synchronous_commit={commit}: a \
+                         claim may be lost in a server crash"
+                    )
+                }),
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A claim whose answer was lost is sent again with the same token (see `query`): the
+    /// plain statement leaves it to the function, which recognises the claim as its own.
+    #[tokio::test]
+    async fn a_claim_sent_again_is_recognised_as_its_own() {
+        let Some(url) = crate::store::conformance::test_server_url("IDEM_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let store = PostgresStore::open_url(&url).await.expect("open");
+        let tenant = format!("resent-{}", uuid::Uuid::new_v4().simple());
+        let key = [7u8; 32];
+        let token = 4242i64;
+        let params: [&(dyn ToSql + Sync); 9] = [
+            &tenant,
+            &&key[..],
+            &"tool",
+            &&[1u8; 32][..],
+            &token,
+            &1_000i64,
+            &30_000i64,
+            &60_000i64,
+            &0i16,
+        ];
+        let decision = |rows: Vec<Row>| rows.first().map(|r| r.get::<_, i16>(0));
+        let sql = &store.inner.sql;
+        let first = store.query("claim", &sql.claim_fast, &params).await;
+        assert_eq!(
+            decision(first.expect("first")),
+            Some(0),
+            "a new key is inserted"
+        );
+        let again = store.query("claim", &sql.claim_fast, &params).await;
+        assert_eq!(
+            decision(again.expect("again")),
+            Some(-1),
+            "left to the function"
+        );
+        let full = store.query("claim", &sql.claim, &params).await;
+        assert_eq!(
+            decision(full.expect("function")),
+            Some(0),
+            "its own, created now"
+        );
+    }
+
+    mod conformance {
+        async fn store() -> Option<super::PostgresStore> {
+            let url = crate::store::conformance::test_server_url("IDEM_TEST_POSTGRES_URL")?;
+            Some(
+                super::PostgresStore::open_url(&url)
+                    .await
+                    .expect("IDEM_TEST_POSTGRES_URL names a reachable server"),
+            )
+        }
+        crate::store_conformance_tests!(maybe: store());
+        crate::admin_conformance_tests!(maybe: store());
+    }
+}

@@ -1,0 +1,181 @@
+//! The schema: created on open under an advisory lock (workers starting together do not race),
+//! versioned in `idem_meta`, upgraded in place; a newer one is refused untouched.
+
+use super::{BACKEND, PostgresStore, pg_error};
+use crate::error::{StoreError, StoreErrorKind};
+
+/// The schema version this build writes (2 added the `unknown` status, the orphan policy of
+/// `idem_claim` and the operator's `note`; a version-1 schema is upgraded on open).
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// A constant for `pg_advisory_xact_lock`, so migrations of one database run one at a time.
+pub(super) const MIGRATION_LOCK: i64 = 0x6964_656d_0001; // "idem" + 1
+
+/// The schema, version 2. `{s}` is the quoted schema name.
+pub(super) const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS {s}.idem_records (
+    tenant           text     NOT NULL,
+    key              bytea    NOT NULL CHECK (length(key) = 32),
+    tool             text     NOT NULL,
+    fingerprint      bytea    NOT NULL CHECK (length(fingerprint) = 32),
+    status           text     NOT NULL CONSTRAINT idem_records_status_check
+                              CHECK (status IN ('in_flight', 'completed', 'unknown')),
+    token            bigint   NOT NULL,
+    lease_expires_at bigint   NOT NULL,
+    created_at       bigint   NOT NULL,
+    expires_at       bigint   NOT NULL,
+    result           bytea,
+    note             text,
+    PRIMARY KEY (tenant, key)
+);
+ALTER TABLE {s}.idem_records ADD COLUMN IF NOT EXISTS note text;
+CREATE INDEX IF NOT EXISTS idem_records_expires_at ON {s}.idem_records (expires_at);
+
+-- The claim: DESIGN §2 in one call. Orphans (p_orphans): 0 take over, 1 reconcile (take over
+-- lapsed and unknown records for the caller's state check), 2 block (mark lapsed records
+-- unknown). Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay),
+-- 4 in flight, 5 unknown.
+CREATE OR REPLACE FUNCTION {s}.idem_claim(
+    p_tenant text, p_key bytea, p_tool text, p_fingerprint bytea, p_token bigint,
+    p_now bigint, p_lease bigint, p_ttl bigint, p_orphans smallint,
+    OUT decision smallint, OUT token bigint, OUT lease_expires_at bigint,
+    OUT expires_at bigint, OUT result bytea)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    held {s}.idem_records%ROWTYPE;
+BEGIN
+    FOR attempt IN 1..16 LOOP
+        -- A plain read first: replays, mismatches and in-flight answers take no lock.
+        SELECT * INTO held FROM {s}.idem_records r
+        WHERE r.tenant = p_tenant AND r.key = p_key;
+        IF NOT FOUND THEN
+            INSERT INTO {s}.idem_records AS r (tenant, key, tool, fingerprint, status, token,
+                lease_expires_at, created_at, expires_at, result)
+            VALUES (p_tenant, p_key, p_tool, p_fingerprint, 'in_flight', p_token,
+                p_now + p_lease, p_now, p_now + p_ttl, NULL)
+            ON CONFLICT (tenant, key) DO NOTHING;
+            IF FOUND THEN
+                decision := 0; token := p_token; RETURN;
+            END IF;
+        ELSIF held.expires_at <= p_now THEN
+            UPDATE {s}.idem_records r SET tool = p_tool, fingerprint = p_fingerprint,
+                status = 'in_flight', token = p_token, lease_expires_at = p_now + p_lease,
+                created_at = p_now, expires_at = p_now + p_ttl, result = NULL
+            WHERE r.tenant = p_tenant AND r.key = p_key AND r.expires_at <= p_now;
+            IF FOUND THEN
+                decision := 0; token := p_token; RETURN;
+            END IF;
+        ELSIF held.fingerprint <> p_fingerprint THEN
+            decision := 2; RETURN;
+        ELSIF held.status = 'completed' THEN
+            decision := 3; expires_at := held.expires_at; result := held.result; RETURN;
+        ELSIF held.token = p_token THEN
+            -- This very claim, sent again after a lost answer: it is ours. It created the
+            -- record (created now) or took an older one over.
+            decision := CASE WHEN held.created_at = p_now THEN 0 ELSE 1 END;
+            token := p_token; RETURN;
+        ELSIF held.status = 'unknown' THEN
+            IF p_orphans <> 1 THEN
+                decision := 5; RETURN;
+            END IF;
+            UPDATE {s}.idem_records r SET status = 'in_flight', token = p_token,
+                lease_expires_at = p_now + p_lease, result = NULL
+            WHERE r.tenant = p_tenant AND r.key = p_key AND r.status = 'unknown'
+              AND r.fingerprint = p_fingerprint AND r.expires_at > p_now;
+            IF FOUND THEN
+                decision := 1; token := p_token; RETURN;
+            END IF;
+        ELSIF held.lease_expires_at > p_now THEN
+            decision := 4; lease_expires_at := held.lease_expires_at; RETURN;
+        ELSIF p_orphans = 2 THEN
+            UPDATE {s}.idem_records r SET status = 'unknown'
+            WHERE r.tenant = p_tenant AND r.key = p_key AND r.status = 'in_flight'
+              AND r.token = held.token AND r.lease_expires_at <= p_now
+              AND r.expires_at > p_now;
+            IF FOUND THEN
+                decision := 5; RETURN;
+            END IF;
+        ELSE
+            UPDATE {s}.idem_records r SET token = p_token, lease_expires_at = p_now + p_lease
+            WHERE r.tenant = p_tenant AND r.key = p_key AND r.status = 'in_flight'
+              AND r.fingerprint = p_fingerprint AND r.lease_expires_at <= p_now
+              AND r.expires_at > p_now;
+            IF FOUND THEN
+                decision := 1; token := p_token; RETURN;
+            END IF;
+        END IF;
+        -- Another claim changed the record between the read and the write: decide again.
+    END LOOP;
+    RAISE EXCEPTION 'idem_claim: the record kept changing under the claim'
+        USING ERRCODE = '40001';
+END
+$fn$;
+"#;
+
+/// Version 1 to 2, before [`SCHEMA`] runs: the status constraint admits `unknown`, and the
+/// claim function of version 1 (one argument fewer) goes.
+pub(super) const UPGRADE_1_TO_2: &str = r#"
+ALTER TABLE {s}.idem_records DROP CONSTRAINT IF EXISTS idem_records_status_check;
+ALTER TABLE {s}.idem_records ADD CONSTRAINT idem_records_status_check
+    CHECK (status IN ('in_flight', 'completed', 'unknown'));
+DROP FUNCTION IF EXISTS {s}.idem_claim(text, bytea, text, bytea, bigint, bigint, bigint, bigint);
+"#;
+
+impl PostgresStore {
+    /// Creates the schema, or checks that the one found is this build's.
+    pub(super) async fn migrate(&self, schema: &str) -> Result<(), StoreError> {
+        const OP: &str = "opening the store";
+        let mut client = self.client(OP).await?;
+        let tx = client.transaction().await.map_err(|e| pg_error(OP, e))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(|e| pg_error(OP, e))?;
+        let quoted = format!("\"{schema}\"");
+        tx.batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {quoted};
+             CREATE TABLE IF NOT EXISTS {quoted}.idem_meta (name text PRIMARY KEY, value integer NOT NULL);"
+        ))
+        .await
+        .map_err(|e| pg_error(OP, e))?;
+        let found: Option<i32> = tx
+            .query_opt(&self.inner.sql.version, &[])
+            .await
+            .map_err(|e| pg_error(OP, e))?
+            .map(|row| row.get(0));
+        match found {
+            Some(v) if v > SCHEMA_VERSION as i32 => {
+                return Err(StoreError::new(
+                    BACKEND,
+                    StoreErrorKind::Schema,
+                    format!(
+                        "the schema `{schema}` was written by a newer idem (schema version {v}); \
+                         this build understands up to {SCHEMA_VERSION}: upgrade idem, or point \
+                         `?schema=` elsewhere"
+                    ),
+                ));
+            }
+            found => {
+                if found == Some(1) {
+                    tx.batch_execute(&UPGRADE_1_TO_2.replace("{s}", &quoted))
+                        .await
+                        .map_err(|e| pg_error(OP, e))?;
+                }
+                // (Re)create what is missing, idempotently.
+                tx.batch_execute(&SCHEMA.replace("{s}", &quoted))
+                    .await
+                    .map_err(|e| pg_error(OP, e))?;
+                tx.execute(
+                    &format!(
+                        "INSERT INTO {quoted}.idem_meta (name, value) VALUES ('schema_version', $1) \
+                         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"
+                    ),
+                    &[&(SCHEMA_VERSION as i32)],
+                )
+                .await
+                .map_err(|e| pg_error(OP, e))?;
+            }
+        }
+        tx.commit().await.map_err(|e| pg_error(OP, e))
+    }
+}
