@@ -366,7 +366,7 @@ async fn the_default_orphan_policy_still_takes_over() {
     );
     clock.advance(Duration::from_secs(31));
     let out = tenant.run(retried(run.clone(), false)).await.unwrap();
-    assert_eq!(out, Outcome::Fresh(1), "DESIGN §2: no check, take over");
+    assert_eq!(out, Outcome::Fresh(1), "the contract: no check, take over");
     assert_eq!(effects(&run), 2);
 }
 

@@ -73,7 +73,7 @@ impl ErrorPolicy {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum OrphanPolicy {
-    /// Take it over and run the body again (DESIGN §2's default): right for tools whose effect
+    /// Take it over and run the body again (the default of [`decide`](crate::store::decide)): right for tools whose effect
     /// is deduplicated downstream (a derived `Idempotency-Key`) or harmless to repeat.
     TakeOver,
     /// Mark it `unknown` and block the key until an operator resolves it: the body never runs

@@ -37,17 +37,18 @@ pub fn report() -> Report {
 pub const REPORT_ENV: &str = "IDEM_REPORT";
 
 /// Writes the report where [`REPORT_ENV`] says, once per process: with `idem`'s defaults when
-/// there is a runtime, else (a tool that needs no runtime ran first) with the built-in ones. An error is told on stderr (the variable asked
-/// for the file) and the program goes on.
+/// there is a runtime, else (a tool that needs no runtime ran first) with the built-in ones. An
+/// error is told on stderr (the variable asked for the file) and the program goes on. The
+/// variable is read once: every later call costs one atomic load (this is on every call's path).
 pub(crate) fn write_report_from_env(idem: Option<&Idem>) {
-    static WRITTEN: std::sync::Once = std::sync::Once::new();
-    if WRITTEN.is_completed() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    if DONE.is_completed() {
         return;
     }
-    let Some(path) = std::env::var_os(REPORT_ENV).filter(|p| !p.is_empty()) else {
-        return;
-    };
-    WRITTEN.call_once(|| {
+    DONE.call_once(|| {
+        let Some(path) = std::env::var_os(REPORT_ENV).filter(|p| !p.is_empty()) else {
+            return;
+        };
         let report = idem.map_or_else(report, Idem::report);
         if let Err(e) = report.write(&path) {
             eprintln!(

@@ -1,7 +1,7 @@
 //! Stores: where claims and results live.
 //!
 //! [`Store`] is the small async trait every backend implements: claim, complete, release,
-//! lookup, purge and a health check. The decision of a claim (DESIGN §2) is made by one function,
+//! lookup, purge and a health check. The decision of a claim is made by one function,
 //! [`decide`], that every backend calls on the record it holds, inside its own atomic section,
 //! so the table below is written once:
 //!
@@ -100,7 +100,7 @@ pub struct ClaimRequest<'a> {
 /// lease lapsed (its owner probably crashed, maybe after the effect) or an `unknown` one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Orphans {
-    /// Take a lapsed `in_flight` record over with a new token (the body runs again: DESIGN §2's
+    /// Take a lapsed `in_flight` record over with a new token (the body runs again: the
     /// default for tools without a state check). An `unknown` record stays blocked.
     TakeOver,
     /// The tool has a state check that decides: lapsed `in_flight` **and** `unknown` records
@@ -245,7 +245,7 @@ pub struct StoreHealth {
     pub detail: Option<String>,
 }
 
-/// What a claim does to the record it finds: the decision table of DESIGN §2, in one place.
+/// What a claim does to the record it finds: the decision table of the contract, in one place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// No live record: insert a new `in_flight` one.

@@ -3,8 +3,8 @@
 //! `Idem::open("postgres://user@host/db")` connects (a pool) and creates or checks the schema.
 //! What it guarantees:
 //!
-//! - **Atomic claims, one round trip in the common cases.** The decision table of DESIGN §2 runs
-//!   inside the server. A new key, a replay, a mismatch, a live in-flight record and a blocked
+//! - **Atomic claims, one round trip in the common cases.** The decision table of
+//!   [`decide`](crate::store::decide) runs inside the server. A new key, a replay, a mismatch, a live in-flight record and a blocked
 //!   unknown one are decided by one plain statement (read, and insert when nothing is there,
 //!   under one snapshot); the rare rest (an expired key, a lapsed lease, a claim sent again
 //!   after a lost answer, a key inserted by another claim at the same instant) makes nothing

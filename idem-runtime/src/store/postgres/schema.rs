@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS {s}.idem_records (
 ALTER TABLE {s}.idem_records ADD COLUMN IF NOT EXISTS note text;
 CREATE INDEX IF NOT EXISTS idem_records_expires_at ON {s}.idem_records (expires_at);
 
--- The claim: DESIGN §2 in one call. Orphans (p_orphans): 0 take over, 1 reconcile (take over
+-- The claim: the decision table of store::decide (idem-runtime) in one call. Orphans (p_orphans): 0 take over, 1 reconcile (take over
 -- lapsed and unknown records for the caller's state check), 2 block (mark lapsed records
 -- unknown). Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay),
 -- 4 in flight, 5 unknown.

@@ -7,7 +7,7 @@
 //!   record that is there, from which the replay, the mismatch, the live in-flight call and the
 //!   blocked `unknown` record are read without writing. What needs a write on an existing record
 //!   (an expired record, a lapsed lease, an orphan to mark `unknown`) and every claim on a server
-//!   before 7.0 is a Lua script, which Redis runs atomically: the decision table of DESIGN §2
+//!   before 7.0 is a Lua script, which Redis runs atomically: the decision table of [`decide`](crate::store::decide)
 //!   (after the plain command, that is a second round trip, taken only by orphans and records
 //!   the caller's clock holds expired). The completion and the release are scripts too (a token
 //!   check, then the write).
