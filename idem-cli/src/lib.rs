@@ -22,11 +22,15 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod table;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use idem_runtime::retry::{DEAD_LETTER_TOOL, DeadLetter};
 use idem_runtime::store::admin::{self, AdminStore, Resolution};
 use idem_runtime::store::{Fenced, Record, RecordStatus, UnixMillis};
 use serde_json::json;
+
+use crate::table::{Align, Table, printable};
 
 #[derive(Parser)]
 #[command(
@@ -164,26 +168,19 @@ impl Filter {
             && self.status.is_none_or(|s| s.matches(r.status))
             && self
                 .older_than
-                .is_none_or(|d| r.created_at.saturating_add(d.as_millis() as u64) <= now)
+                .is_none_or(|d| r.created_at.saturating_add(millis(d)) <= now)
     }
 }
 
+/// A duration on the command line: `500ms`, `90s`, `15m`, `1h30m`, `2d`, `1w` (humantime's
+/// forms); one that does not fit a `Duration` is an error, never a wrapped value.
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    let (number, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration like 30s, 5m, 2h, 1d"))?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86_400,
-        _ => return Err(format!("`{text}`: the unit is s, m, h or d")),
-    };
-    Ok(Duration::from_secs(secs))
+    humantime::parse_duration(text).map_err(|e| {
+        format!(
+            "`{}` is not a duration ({e}); write it like 500ms, 90s, 15m, 1h30m or 2d",
+            printable(text)
+        )
+    })
 }
 
 /// A failure the user can act on; printed as `idem: …`, exit code 2.
@@ -207,14 +204,14 @@ pub fn main() -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("idem: {e}");
+            eprintln!("idem: {}", printable(&e.to_string()));
             return ExitCode::from(2);
         }
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(Failure(message)) => {
-            eprintln!("idem: {message}");
+            eprintln!("idem: {}", printable(&message));
             ExitCode::from(2)
         }
     }
@@ -392,6 +389,11 @@ fn progress_bar(what: &'static str) -> indicatif::ProgressBar {
     }
 }
 
+/// `d` in milliseconds, saturating: a duration past the year 500 million is "forever".
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 fn age(now: UnixMillis, then: UnixMillis) -> String {
     let secs = now.saturating_sub(then) / 1000;
     match secs {
@@ -452,25 +454,16 @@ async fn stats(
             })
         );
     } else {
-        let width = counts
-            .keys()
-            .map(|(t, _, _)| t.len())
-            .max()
-            .unwrap_or(6)
-            .max(6);
-        let tool_width = counts
-            .keys()
-            .map(|(_, t, _)| t.len())
-            .max()
-            .unwrap_or(4)
-            .max(4);
-        println!(
-            "{:width$}  {:tool_width$}  {:10}  {:>8}",
-            "tenant", "tool", "status", "records"
-        );
-        for ((t, tool, s), n) in &counts {
-            println!("{t:width$}  {tool:tool_width$}  {s:10}  {n:>8}");
+        let mut table = Table::new(&[
+            ("tenant", Align::Left),
+            ("tool", Align::Left),
+            ("status", Align::Left),
+            ("records", Align::Right),
+        ]);
+        for ((t, tool, status), n) in &counts {
+            table.row([t.as_str(), tool.as_str(), status, &n.to_string()]);
         }
+        print!("{}", table.render());
         println!();
         println!(
             "{total} record(s): {unknown} unknown, {orphans} orphaned (lapsed lease), {expired} expired awaiting purge"
@@ -531,28 +524,25 @@ async fn list(
         let rows: Vec<_> = found.iter().map(|r| record_json(r, now, false)).collect();
         println!("{}", serde_json::Value::Array(rows));
     } else {
-        let width = found
-            .iter()
-            .map(|r| r.tenant.len())
-            .max()
-            .unwrap_or(6)
-            .max(6);
-        let tool_width = found.iter().map(|r| r.tool.len()).max().unwrap_or(4).max(4);
-        println!(
-            "{:width$}  {:tool_width$}  {:12}  {:10}  {:>6}  note",
-            "tenant", "tool", "key", "status", "age"
-        );
+        let mut table = Table::new(&[
+            ("tenant", Align::Left),
+            ("tool", Align::Left),
+            ("key", Align::Left),
+            ("status", Align::Left),
+            ("age", Align::Right),
+            ("note", Align::Left),
+        ]);
         for r in &found {
-            println!(
-                "{:width$}  {:tool_width$}  {:12}  {:10}  {:>6}  {}",
-                r.tenant,
-                r.tool,
-                short_hash(r),
+            table.row([
+                r.tenant.as_str(),
+                r.tool.as_str(),
+                &short_hash(r),
                 status_of(r, now),
-                age(now, r.created_at),
-                r.note.as_deref().unwrap_or("")
-            );
+                &age(now, r.created_at),
+                r.note.as_deref().unwrap_or(""),
+            ]);
         }
+        print!("{}", table.render());
         println!("{} record(s)", found.len());
     }
     Ok(ExitCode::SUCCESS)
@@ -597,8 +587,8 @@ async fn show(
     if json {
         println!("{value}");
     } else {
-        println!("tenant       {}", r.tenant);
-        println!("tool         {}", r.tool);
+        println!("tenant       {}", printable(&r.tenant));
+        println!("tool         {}", printable(r.tool.as_str()));
         println!("key          {} (short hash)", short_hash(&r));
         println!("status       {}", status_of(&r, now));
         println!("created      {} ago", age(now, r.created_at));
@@ -609,7 +599,7 @@ async fn show(
             println!("lease ends   in {}", age(r.lease_expires_at, now));
         }
         if let Some(note) = &r.note {
-            println!("note         {note}");
+            println!("note         {}", printable(note));
         }
         if !value["result"].is_null() {
             println!("result       {}", value["result"]);
@@ -671,7 +661,7 @@ async fn resolve(
                     json!({"key": short_hash(&record), "resolved": what, "reason": reason})
                 );
             } else {
-                println!("{} {what}: {reason}", short_hash(&record));
+                println!("{} {what}: {}", short_hash(&record), printable(reason));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -748,22 +738,27 @@ async fn dlq_list(
         println!("{}", serde_json::to_string(&letters)?);
     } else {
         let now = now();
-        println!(
-            "{:12}  {:16}  {:24}  {:12}  {:22}  {:>8}  {:>6}",
-            "id", "tenant", "tool", "key", "reason", "attempts", "age"
-        );
+        let mut table = Table::new(&[
+            ("id", Align::Left),
+            ("tenant", Align::Left),
+            ("tool", Align::Left),
+            ("key", Align::Left),
+            ("reason", Align::Left),
+            ("attempts", Align::Right),
+            ("age", Align::Right),
+        ]);
         for l in &letters {
-            println!(
-                "{:12}  {:16}  {:24}  {:12}  {:22}  {:>8}  {:>6}",
-                l.id,
-                l.tenant,
-                l.tool,
-                l.key,
+            table.row([
+                l.id.as_str(),
+                l.tenant.as_str(),
+                l.tool.as_str(),
+                l.key.as_str(),
                 l.reason.as_str(),
-                l.attempts,
-                age(now, l.at)
-            );
+                &l.attempts.to_string(),
+                &age(now, l.at),
+            ]);
         }
+        print!("{}", table.render());
         println!("{} dead letter(s)", letters.len());
     }
     Ok(ExitCode::SUCCESS)

@@ -383,3 +383,94 @@ fn bad_urls_and_unreachable_stores_are_clear_errors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("IDEM_STORE_URL"));
 }
+
+/// `--older-than` takes humantime's forms (`ms`, compound) and refuses what does not fit,
+/// clearly, instead of panicking or wrapping (`99999999999d` used to overflow `n * 86_400`).
+#[tokio::test(flavor = "multi_thread")]
+async fn durations_take_compound_forms_and_refuse_overflow_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("d.db").display());
+    fill(&url).await;
+    // Record 5 is two hours old; the others are new.
+    for (age, listed) in [
+        ("1h30m", true),
+        ("500ms", true),
+        ("3h", false),
+        ("2h 1m", false),
+    ] {
+        let out = ok(&url, &["list", "--older-than", age, "--json"], 0);
+        let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let found = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["key"] == hash(5).as_str());
+        assert_eq!(found, listed, "--older-than {age}: {out}");
+    }
+    // A huge but representable duration lists nothing: no record is that old, and no wrap.
+    let out = ok(&url, &["list", "--older-than", "99999999999d", "--json"], 0);
+    assert_eq!(out.trim(), "[]", "{out}");
+    for bad in ["99999999999999999999d", "5 parsecs", "-1h", ""] {
+        let out = idem(&url, &["list", &format!("--older-than={bad}")]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("is not a duration") && err.contains("1h30m"),
+            "{bad}: {err}"
+        );
+    }
+}
+
+/// Tables are aligned by display width, and what callers wrote (tenants, tool names, notes)
+/// reaches the terminal escaped: no control character or bidi override goes through.
+#[tokio::test(flavor = "multi_thread")]
+async fn tables_align_wide_text_and_escape_control_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("t.db").display());
+    let store = admin::open(&url).await.expect("open");
+    let t = now();
+    for (tenant, tool) in [
+        ("租户-東京", "payments.charge"),
+        ("plain", "evil\u{1b}[2Jtool"),
+        ("rtl\u{202e}gnp.exe", "mail.send"),
+    ] {
+        store
+            .claim(ClaimRequest {
+                tenant,
+                key: derive_key(tenant, tool, &[KeyPart::new("k").unwrap()]),
+                tool,
+                fingerprint: Fingerprint::from_bytes([1; 32]),
+                now: t,
+                lease: Duration::from_secs(30),
+                ttl: Duration::from_secs(3600),
+                orphans: Orphans::TakeOver,
+            })
+            .await
+            .expect("claim");
+    }
+    for args in [&["list"][..], &["stats"][..]] {
+        let out = ok(&url, args, 0);
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{202e}'),
+            "{out:?}"
+        );
+        assert!(out.contains("evil\\u{1b}[2Jtool"), "{out}");
+        assert!(
+            out.contains("租户-東京") && out.contains("rtl\\u{202e}gnp.exe"),
+            "{out}"
+        );
+        // The column after the tenant starts at the same display column on every row.
+        let starts: Vec<usize> = out
+            .lines()
+            .take_while(|l| !l.is_empty() && !l.contains("record(s)"))
+            .map(|l| {
+                let tenant_end = l.find("  ").unwrap();
+                let rest = &l[tenant_end..];
+                let pad = rest.len() - rest.trim_start().len();
+                unicode_width::UnicodeWidthStr::width(&l[..tenant_end]) + pad
+            })
+            .collect();
+        assert!(starts.len() >= 4, "{out}");
+        assert!(starts.windows(2).all(|w| w[0] == w[1]), "{args:?}:\n{out}");
+    }
+}

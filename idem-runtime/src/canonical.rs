@@ -12,6 +12,21 @@
 //! rounded through an IEEE double. Two different `u64` amounts above 2^53 therefore never share a
 //! fingerprint. Below 2^53 the output is identical to JCS. Non-finite floats (`NaN`, `inf`) and
 //! non-string map keys other than integers are errors: they have no JSON form.
+//!
+//! The output does not depend on which features another crate turned on in `serde_json`: with
+//! `arbitrary_precision`, a `serde_json::Number` serializes as a private struct holding its text,
+//! which is read back here and written as `serde_json` would without the feature (integers that
+//! fit `u64`/`i64` exactly, other numbers as the nearest double in ECMAScript's form); a
+//! `serde_json::value::RawValue` is parsed and written canonical, not hashed as its text.
+//!
+//! | value | canonical form |
+//! |---|---|
+//! | integers, `u128`/`i128` included | exact decimal digits |
+//! | `f32`/`f64` | ECMAScript's shortest form; `NaN` and infinities are [`CanonicalError::NonFiniteNumber`] |
+//! | bytes (`serialize_bytes`) | an array of numbers, as `serde_json` writes them |
+//! | map keys | strings as they are; integers and chars as their text; anything else [`CanonicalError::NonStringKey`] |
+//! | newtype structs, untagged enums | their content; newtype variants `{"Variant": value}` |
+//! | `#[serde(flatten)]` | members of the enclosing object; a name twice is [`CanonicalError::DuplicateMember`] |
 
 use std::borrow::Cow;
 use std::fmt;
@@ -377,14 +392,26 @@ impl<'a, 's> ser::Serializer for Canon<'a, 's> {
             members: Members::with_capacity(len.unwrap_or(0)),
             pending_key: None,
             close_variant: false,
+            special: None,
         })
     }
     fn serialize_struct(
         self,
-        _name: &'static str,
+        name: &'static str,
         len: usize,
     ) -> Result<Object<'a, 's>, CanonicalError> {
-        self.serialize_map(Some(len))
+        let special = Special::of(name);
+        Ok(Object {
+            out: self.out,
+            skip: self.skip,
+            members: match special {
+                Some(_) => Members::default(),
+                None => Members::with_capacity(len),
+            },
+            pending_key: None,
+            close_variant: false,
+            special,
+        })
     }
     fn serialize_struct_variant(
         self,
@@ -400,6 +427,7 @@ impl<'a, 's> ser::Serializer for Canon<'a, 's> {
             members: Members::with_capacity(len),
             pending_key: None,
             close_variant: true,
+            special: None,
         })
     }
 }
@@ -481,6 +509,209 @@ struct Object<'a, 's> {
     members: Members,
     pending_key: Option<String>,
     close_variant: bool,
+    /// A `serde_json` private struct that stands for a number or a raw value.
+    special: Option<Special>,
+}
+
+/// The private structs `serde_json` serializes some values as (its `arbitrary_precision` and
+/// `raw_value` features): one field, named as the struct, holding JSON text.
+#[derive(Clone, Copy)]
+enum Special {
+    Number,
+    Raw,
+}
+
+impl Special {
+    const NUMBER: &'static str = "$serde_json::private::Number";
+    const RAW: &'static str = "$serde_json::private::RawValue";
+
+    fn of(name: &str) -> Option<Special> {
+        if !name.starts_with('$') {
+            return None;
+        }
+        match name {
+            Special::NUMBER => Some(Special::Number),
+            Special::RAW => Some(Special::Raw),
+            _ => None,
+        }
+    }
+
+    /// Writes the canonical form of `text`, the JSON text the struct holds.
+    fn write(self, out: &mut Vec<u8>, text: &str, skip: &[&[&str]]) -> Result<(), CanonicalError> {
+        match self {
+            Special::Number => write_number_text(out, text),
+            Special::Raw => {
+                let value: serde_json::Value = serde_json::from_str(text)
+                    .map_err(|_| CanonicalError::Custom("a raw JSON value is not JSON".into()))?;
+                write_canonical(out, &value, skip)
+            }
+        }
+    }
+}
+
+/// A JSON number's text, written as `serde_json` without `arbitrary_precision` would have
+/// parsed and then written it: an integer that fits `u64` or `i64` exactly, anything else as
+/// the nearest double.
+fn write_number_text(out: &mut Vec<u8>, text: &str) -> Result<(), CanonicalError> {
+    if !text.contains(['.', 'e', 'E']) {
+        if let Ok(v) = text.parse::<u64>() {
+            return Canon { out, skip: &[] }.write_integer(v);
+        }
+        if let Ok(v) = text.parse::<i64>() {
+            return Canon { out, skip: &[] }.write_integer(v);
+        }
+    }
+    let v: f64 = text
+        .parse()
+        .map_err(|_| CanonicalError::Custom("a number's text is not a JSON number".into()))?;
+    Canon { out, skip: &[] }.write_float(v, v.is_finite())
+}
+
+/// Takes the one string a special struct's field holds.
+struct Text;
+
+impl ser::Serializer for Text {
+    type Ok = String;
+    type Error = CanonicalError;
+    type SerializeSeq = ser::Impossible<String, CanonicalError>;
+    type SerializeTuple = ser::Impossible<String, CanonicalError>;
+    type SerializeTupleStruct = ser::Impossible<String, CanonicalError>;
+    type SerializeTupleVariant = ser::Impossible<String, CanonicalError>;
+    type SerializeMap = ser::Impossible<String, CanonicalError>;
+    type SerializeStruct = ser::Impossible<String, CanonicalError>;
+    type SerializeStructVariant = ser::Impossible<String, CanonicalError>;
+
+    fn serialize_str(self, v: &str) -> Result<String, CanonicalError> {
+        Ok(v.to_owned())
+    }
+    fn serialize_bool(self, _: bool) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_i8(self, _: i8) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_i16(self, _: i16) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_i32(self, _: i32) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_i64(self, _: i64) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_i128(self, _: i128) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_u8(self, _: u8) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_u16(self, _: u16) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_u32(self, _: u32) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_u64(self, _: u64) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_u128(self, _: u128) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_f32(self, _: f32) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_f64(self, _: f64) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_char(self, _: char) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_bytes(self, _: &[u8]) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_none(self) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_unit(self) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_unit_struct(self, _: &'static str) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_unit_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+    ) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: &T,
+    ) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &T,
+    ) -> Result<String, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_tuple_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleStruct, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleVariant, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStruct, CanonicalError> {
+        Err(Text::unexpected())
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStructVariant, CanonicalError> {
+        Err(Text::unexpected())
+    }
+}
+
+impl Text {
+    fn unexpected() -> CanonicalError {
+        CanonicalError::Custom("a serde_json number or raw value that holds no text".into())
+    }
 }
 
 impl Object<'_, '_> {
@@ -493,6 +724,10 @@ impl Object<'_, '_> {
     }
 
     fn finish(self) -> Result<(), CanonicalError> {
+        if self.special.is_some() {
+            // Written when its one field came.
+            return Ok(());
+        }
         self.members.write_to(self.out)?;
         if self.close_variant {
             self.out.push(b'}');
@@ -528,7 +763,10 @@ impl ser::SerializeStruct for Object<'_, '_> {
         name: &'static str,
         v: &T,
     ) -> Result<(), CanonicalError> {
-        self.member(Cow::Borrowed(name), v)
+        match self.special {
+            Some(special) => special.write(self.out, &v.serialize(Text)?, self.skip),
+            None => self.member(Cow::Borrowed(name), v),
+        }
     }
     fn end(self) -> Result<(), CanonicalError> {
         self.finish()
@@ -833,5 +1071,153 @@ mod tests {
         let back: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(back, v);
         assert_eq!(to_canonical_json(&back, &[]).unwrap(), out);
+    }
+
+    fn text(value: &impl serde::Serialize) -> String {
+        String::from_utf8(to_canonical_json(value, &[]).unwrap()).unwrap()
+    }
+
+    /// The same JSON text gives the same canonical form whether or not some crate enabled
+    /// `serde_json/arbitrary_precision` (CI runs these tests both ways): numbers are read back
+    /// from their text as `serde_json` reads them without the feature.
+    #[test]
+    fn numbers_parsed_from_text_are_canonical_with_or_without_arbitrary_precision() {
+        let parsed: serde_json::Value = serde_json::from_str(
+            r#"[4.50, 1E30, 2e-3, 1.0, 100, 1e2, -0, -7, 18446744073709551615,
+                18446744073709551616, -9223372036854775808, 123456789012345678901234567890,
+                0.1, 5e-324]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            text(&parsed),
+            "[4.5,1e+30,0.002,1,100,100,0,-7,18446744073709551615,18446744073709552000,\
+             -9223372036854775808,1.2345678901234568e+29,0.1,5e-324]"
+        );
+        assert_eq!(text(&json!({"n": 1.5, "m": 3})), r#"{"m":3,"n":1.5}"#);
+    }
+
+    /// A raw value is parsed and written canonical: its whitespace and member order, which a
+    /// client library may change between retries, do not count.
+    #[test]
+    fn raw_values_are_canonicalized_not_hashed_as_text() {
+        let a: Box<serde_json::value::RawValue> =
+            serde_json::from_str(r#"{ "b" : [1.0, 2], "a": "x" }"#).unwrap();
+        let b: Box<serde_json::value::RawValue> =
+            serde_json::from_str(r#"{"a":"x","b":[1,2]}"#).unwrap();
+        assert_eq!(text(&a), r#"{"a":"x","b":[1,2]}"#);
+        assert_eq!(text(&a), text(&b));
+        #[derive(serde::Serialize)]
+        struct Call<'a> {
+            id: u8,
+            payload: &'a serde_json::value::RawValue,
+        }
+        assert_eq!(
+            text(&Call { id: 1, payload: &a }),
+            r#"{"id":1,"payload":{"a":"x","b":[1,2]}}"#
+        );
+    }
+
+    /// Every corner of serde's data model has one pinned answer: canonical, or an error.
+    #[test]
+    fn serde_corners_are_pinned() {
+        use std::collections::BTreeMap;
+        // 128-bit integers, exact.
+        assert_eq!(text(&u128::MAX), "340282366920938463463374607431768211455");
+        assert_eq!(text(&i128::MIN), "-170141183460469231731687303715884105728");
+        // Non-finite floats have no JSON form.
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert_eq!(
+                to_canonical_json(&v, &[]),
+                Err(CanonicalError::NonFiniteNumber)
+            );
+        }
+        assert_eq!(
+            to_canonical_json(&f32::NAN, &[]),
+            Err(CanonicalError::NonFiniteNumber)
+        );
+        // Maps: integer and char keys as text (sorted as text), other keys refused.
+        let ints: BTreeMap<i64, &str> = [(10, "b"), (-1, "a"), (9, "c")].into();
+        assert_eq!(text(&ints), r#"{"-1":"a","10":"b","9":"c"}"#);
+        let chars: BTreeMap<char, u8> = [('z', 1), ('a', 2)].into();
+        assert_eq!(text(&chars), r#"{"a":2,"z":1}"#);
+        let bools: BTreeMap<bool, u8> = [(true, 1)].into();
+        assert_eq!(
+            to_canonical_json(&bools, &[]),
+            Err(CanonicalError::NonStringKey)
+        );
+        let tuples: BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        assert_eq!(
+            to_canonical_json(&tuples, &[]),
+            Err(CanonicalError::NonStringKey)
+        );
+        // Bytes: an array of numbers, as serde_json writes them.
+        struct Bytes<'a>(&'a [u8]);
+        impl serde::Serialize for Bytes<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(self.0)
+            }
+        }
+        assert_eq!(text(&Bytes(&[0, 7, 255])), "[0,7,255]");
+        assert_eq!(
+            text(&Bytes(&[0, 7, 255])),
+            serde_json::to_string(&Bytes(&[0, 7, 255])).unwrap()
+        );
+        // Newtypes: a struct is its content; a variant is tagged.
+        #[derive(serde::Serialize)]
+        struct Cents(u64);
+        #[derive(serde::Serialize)]
+        enum Amount {
+            Cents(u64),
+        }
+        assert_eq!(text(&Cents(500)), "500");
+        assert_eq!(text(&Amount::Cents(500)), r#"{"Cents":500}"#);
+        // Untagged and internally tagged enums: what serde writes, sorted.
+        #[derive(serde::Serialize)]
+        #[serde(untagged)]
+        enum Id {
+            Number(u64),
+            Named { name: String, zone: u8 },
+        }
+        assert_eq!(text(&Id::Number(7)), "7");
+        assert_eq!(
+            text(&Id::Named {
+                zone: 2,
+                name: "n".into()
+            }),
+            r#"{"name":"n","zone":2}"#
+        );
+        #[derive(serde::Serialize)]
+        #[serde(tag = "kind")]
+        enum Event {
+            Charge { amount: u64 },
+        }
+        assert_eq!(
+            text(&Event::Charge { amount: 5 }),
+            r#"{"amount":5,"kind":"Charge"}"#
+        );
+        // Flatten: the members join the enclosing object, in canonical order.
+        #[derive(serde::Serialize)]
+        struct Meta {
+            trace: u8,
+        }
+        #[derive(serde::Serialize)]
+        struct Req {
+            z: u8,
+            #[serde(flatten)]
+            meta: Meta,
+        }
+        assert_eq!(
+            text(&Req {
+                z: 1,
+                meta: Meta { trace: 2 }
+            }),
+            r#"{"trace":2,"z":1}"#
+        );
+        // Unit, unit struct, none: null.
+        #[derive(serde::Serialize)]
+        struct Nothing;
+        assert_eq!(text(&()), "null");
+        assert_eq!(text(&Nothing), "null");
+        assert_eq!(text(&None::<u8>), "null");
     }
 }

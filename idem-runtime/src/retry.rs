@@ -66,13 +66,22 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// The wait before attempt `attempt + 1`: exponential with full jitter, at most
-    /// `max_delay`; `hint` (a lease's time left, a `Retry-After`) replaces the backoff.
+    /// `max_delay`; `hint` (an upper bound on the wait that helps, such as the time left on an
+    /// in-flight call's lease) replaces the backoff.
     pub fn delay(&self, attempt: u32, hint: Option<Duration>) -> Duration {
         let backoff = jitter(
             self.base_delay
                 .saturating_mul(1 << attempt.saturating_sub(1).min(16)),
         );
         hint.unwrap_or(backoff).min(self.max_delay)
+    }
+
+    /// The wait before attempt `attempt + 1` when the server said how long to wait (an HTTP
+    /// `Retry-After`): the backoff, but never less than the server's wait. The server's wait is a
+    /// floor, not capped by `max_delay`; a caller whose budget cannot cover it gives up instead
+    /// of retrying early.
+    pub fn delay_at_least(&self, attempt: u32, floor: Duration) -> Duration {
+        self.delay(attempt, None).max(floor)
     }
 }
 
@@ -360,5 +369,19 @@ mod tests {
             Duration::from_secs(2)
         );
         assert_eq!(p.delay(1, Some(Duration::from_secs(60))), p.max_delay);
+    }
+
+    #[test]
+    fn a_servers_wait_is_a_floor_never_shortened_nor_capped() {
+        let p = RetryPolicy::default();
+        for attempt in 1..10 {
+            assert_eq!(
+                p.delay_at_least(attempt, Duration::from_secs(30)),
+                Duration::from_secs(30),
+                "above max_delay, the server's wait stands"
+            );
+            let d = p.delay_at_least(attempt, Duration::from_millis(1));
+            assert!(d >= Duration::from_millis(1) && d <= p.max_delay);
+        }
     }
 }

@@ -94,7 +94,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         (None, _) => {
             let idem = Idem::open("memory://").await?;
             let payments = payments_server::Payments::new(Duration::from_millis(500));
-            let (addr, _) = payments_server::serve(idem, payments, "127.0.0.1:0".parse()?).await?;
+            let errors = idem::http::server::ErrorBody::Stripe;
+            let (addr, _) =
+                payments_server::serve(idem, payments, "127.0.0.1:0".parse()?, errors).await?;
             println!("started the payments service on http://{addr} (each charge takes 500 ms)");
             format!("http://{addr}")
         }

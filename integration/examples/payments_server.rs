@@ -28,7 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Form, Json, Router};
 use idem::Idem;
-use idem::http::server::IdempotencyLayer;
+use idem::http::server::{ErrorBody, IdempotencyLayer};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -205,13 +205,18 @@ async fn list(State(payments): State<Payments>, Query(query): Query<ListQuery>) 
     .into_response()
 }
 
-/// The service's routes behind the idempotency layer.
-pub fn app(idem: Idem, payments: Payments) -> Router {
+/// The service's routes behind the idempotency layer, whose own errors are written as `errors`
+/// says (the example's `main` answers in Stripe's envelope, as Stripe's SDKs expect).
+pub fn app(idem: Idem, payments: Payments, errors: ErrorBody) -> Router {
     Router::new()
         .route("/v1/payment_intents", get(list).post(create))
         .route("/v1/payment_intents/{id}", get(retrieve))
         .with_state(payments)
-        .layer(IdempotencyLayer::new(idem).max_body(64 * 1024))
+        .layer(
+            IdempotencyLayer::new(idem)
+                .max_body(64 * 1024)
+                .error_body(errors),
+        )
 }
 
 /// Serves `app` on `addr` until the process ends; returns the address bound.
@@ -219,11 +224,12 @@ pub async fn serve(
     idem: Idem,
     payments: Payments,
     addr: SocketAddr,
+    errors: ErrorBody,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let server = tokio::spawn(async move {
-        axum::serve(listener, app(idem, payments))
+        axum::serve(listener, app(idem, payments, errors))
             .await
             .expect("serve");
     });
@@ -274,7 +280,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::exit(2)
     })?;
     let idem = Idem::open(&args.store).await?;
-    let (addr, server) = serve(idem, Payments::new(args.latency), args.addr).await?;
+    let payments = Payments::new(args.latency);
+    let (addr, server) = serve(idem, payments, args.addr, ErrorBody::Stripe).await?;
     println!("payments server on http://{addr} (store: {})", args.store);
     println!("policy: http://{addr}/idempotency-policy");
     server.await?;

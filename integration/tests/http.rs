@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use idem::Idem;
 use idem::http::client::{IdemClient, RetryPolicy};
+use idem::http::server::ErrorBody;
 use payments_server::{PaymentIntent, Payments, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -21,7 +22,18 @@ struct Server {
 }
 
 impl Server {
+    /// The payments example behind a layer that answers its errors in problem+json (the
+    /// layer's default).
     async fn start(latency: Duration) -> Server {
+        Server::start_with(latency, ErrorBody::Problem).await
+    }
+
+    /// The payments example as its `main` serves it: errors in Stripe's envelope.
+    async fn start_stripe(latency: Duration) -> Server {
+        Server::start_with(latency, ErrorBody::Stripe).await
+    }
+
+    async fn start_with(latency: Duration, errors: ErrorBody) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("idem.db").display());
         let idem = Idem::builder()
@@ -30,9 +42,14 @@ impl Server {
             .await
             .unwrap();
         let payments = Payments::new(latency);
-        let (addr, _) = serve(idem, payments.clone(), "127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
+        let (addr, _) = serve(
+            idem,
+            payments.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+            errors,
+        )
+        .await
+        .unwrap();
         Server {
             addr,
             payments,
@@ -488,26 +505,8 @@ async fn stripes_own_sdk_retrying_on_its_own_creates_one_intent_per_call() {
     }
     // Each charge takes 1.2 s; the SDK gives up on a request after 0.15 s and retries it with
     // its own key: timeouts, then 409 while the first request runs, then the replay.
-    let server = Server::start(Duration::from_millis(1200)).await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/stripe_sdk/create_intents.py"
-    );
-    let output = tokio::process::Command::new("python3")
-        .args([script, &server.url(""), "3", "0.15"])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let calls: Vec<serde_json::Value> = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let server = Server::start_stripe(Duration::from_millis(1200)).await;
+    let calls = stripe_sdk_run(&["create", &server.url(""), "3", "0.15"]).await;
     assert_eq!(calls.len(), 3);
     let charges = server.charges();
     assert_eq!(charges.len(), 3, "one intent per create call: {calls:?}");
@@ -523,6 +522,102 @@ async fn stripes_own_sdk_retrying_on_its_own_creates_one_intent_per_call() {
             "the SDK retried: {call}"
         );
     }
+}
+
+/// Runs the Stripe SDK script with `args` and reads its JSON lines.
+async fn stripe_sdk_run(args: &[&str]) -> Vec<serde_json::Value> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/stripe_sdk/create_intents.py"
+    );
+    let output = tokio::process::Command::new("python3")
+        .arg(script)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// In Stripe's error envelope, a reused key is what Stripe's SDK calls an `IdempotencyError`
+/// (not a generic "invalid response" `APIError`), and nothing is charged for it.
+#[tokio::test]
+async fn stripes_own_sdk_raises_its_idempotency_error_for_a_reused_key() {
+    if !stripe_sdk() {
+        return;
+    }
+    let server = Server::start_stripe(Duration::ZERO).await;
+    let lines = stripe_sdk_run(&["reuse", &server.url("")]).await;
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[1]["raised"], "IdempotencyError", "{lines:?}");
+    assert_eq!(lines[1]["status"], 400, "{lines:?}");
+    assert_eq!(server.charges().len(), 1);
+    assert_eq!(lines[0]["id"], server.charges()[0].id.as_str());
+}
+
+/// The same request again while the first still runs: the SDK gets 409 in Stripe's envelope,
+/// retries it as Stripe's SDKs retry conflicts, and gets the first request's intent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripes_own_sdk_retries_a_409_in_flight_and_gets_the_replay() {
+    if !stripe_sdk() {
+        return;
+    }
+    let server = Server::start_stripe(Duration::from_millis(1500)).await;
+    let lines = stripe_sdk_run(&["concurrent", &server.url("")]).await;
+    let answer = &lines[0];
+    assert_eq!(answer["first"], answer["second"], "{answer}");
+    let statuses: Vec<u64> = answer["second_statuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses.first(), Some(&409), "{answer}");
+    assert_eq!(statuses.last(), Some(&200), "{answer}");
+    assert_eq!(server.charges().len(), 1);
+}
+
+/// Stripe's envelope for the layer's own errors: the type, the status and the content type a
+/// Stripe client expects.
+#[tokio::test]
+async fn the_stripe_error_body_has_stripes_shape_and_statuses() {
+    let server = Server::start_stripe(Duration::ZERO).await;
+    let key = key();
+    assert_eq!(
+        server
+            .create(Some(&key), 500, "u")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let reused = server.create(Some(&key), 600, "u").send().await.unwrap();
+    assert_eq!(reused.status(), 400);
+    assert_eq!(reused.headers()["content-type"], "application/json");
+    let body: serde_json::Value = reused.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "idempotency_error", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("another"),
+        "{body}"
+    );
+    let missing = server.create(None, 500, "u").send().await.unwrap();
+    assert_eq!(missing.status(), 400);
+    let body: serde_json::Value = missing.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    assert_eq!(server.charges().len(), 1);
 }
 
 /// A router of its own for the rules the payments example does not exercise: how many times
@@ -720,5 +815,145 @@ async fn the_client_gives_up_on_an_unreachable_server_after_its_attempts() {
             idem::http::client::ClientError::Transport { attempts: 3, .. }
         ),
         "{err:?}"
+    );
+}
+
+/// A server (no idem layer) whose first answer is 429 with a chosen `Retry-After`, then 201;
+/// it notes when each request arrived.
+mod throttled {
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    use axum::Router;
+    use axum::http::{StatusCode, header};
+    use axum::routing::post;
+
+    pub struct Throttled {
+        pub url: String,
+        pub arrivals: Arc<Mutex<Vec<Instant>>>,
+    }
+
+    pub async fn start(retry_after: impl Fn() -> String + Send + Sync + 'static) -> Throttled {
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let seen = arrivals.clone();
+        let retry_after = Arc::new(retry_after);
+        let app = Router::new().route(
+            "/charge",
+            post(move || {
+                let n = {
+                    let mut seen = seen.lock().unwrap();
+                    seen.push(Instant::now());
+                    seen.len()
+                };
+                let value = retry_after();
+                async move {
+                    if n == 1 {
+                        (
+                            StatusCode::TOO_MANY_REQUESTS,
+                            [(header::RETRY_AFTER, value)],
+                            "slow down",
+                        )
+                            .into_response()
+                    } else {
+                        (StatusCode::CREATED, "made").into_response()
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Throttled {
+            url: format!("http://{addr}/charge"),
+            arrivals,
+        }
+    }
+
+    use axum::response::IntoResponse;
+}
+
+/// A policy whose own waits are tiny: any longer wait is the server's.
+fn quick_policy(budget: Duration) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 5,
+        base_delay: Duration::from_millis(5),
+        max_delay: Duration::from_millis(20),
+        budget,
+    }
+}
+
+#[tokio::test]
+async fn a_retry_after_above_max_delay_is_waited_out_in_full() {
+    let server = throttled::start(|| "2".to_owned()).await;
+    let answer = IdemClient::new(reqwest::Client::new())
+        .retry_policy(quick_policy(Duration::from_secs(30)))
+        .post(&server.url)
+        .key("throttled-seconds")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 201);
+    assert_eq!(answer.attempts(), 2);
+    let arrivals = server.arrivals.lock().unwrap().clone();
+    let gap = arrivals[1] - arrivals[0];
+    assert!(
+        gap >= Duration::from_secs(2),
+        "the server's 2 s are a floor, not cut to max_delay (20 ms): {gap:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_as_an_http_date_is_honoured() {
+    // Three seconds ahead at the server's second: at least two seconds of wait, whatever the
+    // sub-second clock.
+    let server = throttled::start(|| {
+        httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3))
+    })
+    .await;
+    let answer = IdemClient::new(reqwest::Client::new())
+        .retry_policy(quick_policy(Duration::from_secs(30)))
+        .post(&server.url)
+        .key("throttled-date")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 201);
+    let arrivals = server.arrivals.lock().unwrap().clone();
+    let gap = arrivals[1] - arrivals[0];
+    assert!(gap >= Duration::from_secs(2), "{gap:?}");
+}
+
+#[tokio::test]
+async fn a_retry_after_beyond_the_budget_gives_up_at_once_with_a_clear_error() {
+    let server = throttled::start(|| "30".to_owned()).await;
+    let started = std::time::Instant::now();
+    let error = IdemClient::new(reqwest::Client::new())
+        .retry_policy(quick_policy(Duration::from_secs(5)))
+        .post(&server.url)
+        .key("throttled-long")
+        .send()
+        .await
+        .unwrap_err();
+    match &error {
+        idem::http::client::ClientError::RetryAfterBeyondBudget {
+            attempts,
+            status,
+            retry_after,
+            ..
+        } => {
+            assert_eq!((*attempts, status.as_u16()), (1, 429));
+            assert_eq!(*retry_after, Duration::from_secs(30));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(error.to_string().contains("asked to wait 30s"), "{error}");
+    assert_eq!(
+        server.arrivals.lock().unwrap().len(),
+        1,
+        "never retried early"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "it did not wait for nothing"
     );
 }

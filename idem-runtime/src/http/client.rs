@@ -19,11 +19,15 @@
 //! method and path), else a random one made once for this request. Every retry sends the same
 //! key. GET, PUT and DELETE carry none.
 //!
-//! Retried, with exponential backoff and full jitter, honouring `Retry-After`: timeouts and
-//! connection errors, 409 (the first attempt still runs), 429, and 5xx that are not replays.
-//! Never retried: 400, 422 and every other answer, which a retry would not change.
+//! Retried, with exponential backoff and full jitter: timeouts and connection errors, 409 (the
+//! first attempt still runs), 429, and 5xx that are not replays. Never retried: 400, 422 and
+//! every other answer, which a retry would not change.
+//!
+//! A `Retry-After` (seconds, or an HTTP date) is a floor: the next attempt waits at least that
+//! long, even beyond the policy's `max_delay`. When the wait would run past the retry budget,
+//! the client gives up with [`ClientError::RetryAfterBeyondBudget`] rather than retry early.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::{HeaderValue, Method, StatusCode};
 use reqwest::{IntoUrl, RequestBuilder, Response};
@@ -51,6 +55,21 @@ pub enum ClientError {
         /// The last error.
         #[source]
         source: reqwest::Error,
+    },
+    /// The server asked to wait (`Retry-After`) longer than the retry budget has left, so the
+    /// client gave up rather than retry before the server said it may.
+    #[error(
+        "the server answered {status} and asked to wait {retry_after:?} before a retry, beyond the {left:?} left of the retry budget; given up after {attempts} attempt(s)"
+    )]
+    RetryAfterBeyondBudget {
+        /// Attempts made.
+        attempts: u32,
+        /// The status of the last answer (429, 503, …).
+        status: StatusCode,
+        /// How long the server asked to wait.
+        retry_after: Duration,
+        /// What was left of the budget.
+        left: Duration,
     },
     /// The request body is a stream that cannot be sent twice, so it cannot be retried safely.
     #[error("the request body cannot be cloned, so the request cannot be retried")]
@@ -244,7 +263,21 @@ impl IdemRequest {
                             key,
                         });
                     }
-                    retry_after(&response)
+                    match retry_after(&response, SystemTime::now()) {
+                        Some(floor) => {
+                            let left = policy.budget.saturating_sub(started.elapsed());
+                            if floor > left {
+                                return Err(ClientError::RetryAfterBeyondBudget {
+                                    attempts: attempt,
+                                    status,
+                                    retry_after: floor,
+                                    left,
+                                });
+                            }
+                            policy.delay_at_least(attempt, floor)
+                        }
+                        None => policy.delay(attempt, None),
+                    }
                 }
                 Err(e) if last || !(e.is_timeout() || e.is_connect() || e.is_request()) => {
                     return Err(ClientError::Transport {
@@ -252,24 +285,27 @@ impl IdemRequest {
                         source: e,
                     });
                 }
-                Err(_) => None,
+                Err(_) => policy.delay(attempt, None),
             };
-            tokio::time::sleep(policy.delay(attempt, wait)).await;
+            tokio::time::sleep(wait).await;
         }
     }
 }
 
-/// `Retry-After` in seconds (the HTTP-date form is not honoured: the backoff applies).
-fn retry_after(response: &Response) -> Option<Duration> {
-    response
+/// How long `Retry-After` asks to wait, read at `now`: seconds (`120`) or an HTTP date (`Wed, 21
+/// Oct 2015 07:28:00 GMT`, zero once past); `None` when absent or unreadable.
+fn retry_after(response: &Response, now: SystemTime) -> Option<Duration> {
+    let value = response
         .headers()
         .get(http::header::RETRY_AFTER)?
         .to_str()
         .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(Duration::from_secs)
+        .trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 #[cfg(test)]
@@ -277,22 +313,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn retry_after_is_read_in_seconds() {
+    fn retry_after_is_read_in_seconds_or_as_an_http_date() {
         let response = |value: &str| {
             Response::from(
                 http::Response::builder()
-                    .status(409)
+                    .status(429)
                     .header(http::header::RETRY_AFTER, value)
                     .body(Vec::<u8>::new())
                     .unwrap(),
             )
         };
-        assert_eq!(retry_after(&response("3")), Some(Duration::from_secs(3)));
-        assert_eq!(retry_after(&response(" 0 ")), Some(Duration::ZERO));
+        let now = httpdate::parse_http_date("Wed, 21 Oct 2015 07:28:00 GMT").unwrap();
+        let read = |value: &str| retry_after(&response(value), now);
+        assert_eq!(read("3"), Some(Duration::from_secs(3)));
+        assert_eq!(read(" 0 "), Some(Duration::ZERO));
         assert_eq!(
-            retry_after(&response("Wed, 21 Oct 2015 07:28:00 GMT")),
-            None
+            read("Wed, 21 Oct 2015 07:28:30 GMT"),
+            Some(Duration::from_secs(30))
         );
-        assert_eq!(retry_after(&response("-1")), None);
+        assert_eq!(
+            read("Wed, 21 Oct 2015 07:27:00 GMT"),
+            Some(Duration::ZERO),
+            "past"
+        );
+        // The other two forms RFC 9110 asks recipients to accept.
+        assert_eq!(
+            read("Wednesday, 21-Oct-15 07:29:00 GMT"),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            read("Wed Oct 21 07:28:05 2015"),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(read("-1"), None);
+        assert_eq!(read("soon"), None);
     }
 }

@@ -10,6 +10,7 @@ use http::{Method, StatusCode};
 use sha2::{Digest, Sha256};
 use tower_layer::Layer;
 
+use super::problem::ErrorBody;
 use super::service::Idempotent;
 use crate::runtime::Idem;
 
@@ -37,6 +38,7 @@ pub(super) struct Config {
     pub(super) ttl: Option<Duration>,
     pub(super) lease: Option<Duration>,
     pub(super) stores: fn(StatusCode) -> bool,
+    pub(super) errors: ErrorBody,
 }
 
 impl std::fmt::Debug for IdempotencyLayer {
@@ -96,6 +98,7 @@ impl IdempotencyLayer {
                 ttl: None,
                 lease: None,
                 stores: default_stores,
+                errors: ErrorBody::Problem,
             }),
         }
     }
@@ -183,6 +186,13 @@ impl IdempotencyLayer {
 
     /// Which responses are stored for replay (default: all but 400, 401, 403, 404, 405, 409,
     /// 413, 415, 422 and 429, which say the request had no effect: their key is released, so a
+    /// How the layer writes its own errors: RFC 9457 problem+json (the default),
+    /// [`ErrorBody::Stripe`] for Stripe's envelope and statuses (so that Stripe's SDKs understand
+    /// them), or [`ErrorBody::custom`].
+    pub fn error_body(self, errors: ErrorBody) -> Self {
+        self.with(|c| c.errors = errors)
+    }
+
     /// corrected retry runs). A 500 that ran is stored.
     pub fn store_responses(self, stores: fn(StatusCode) -> bool) -> Self {
         self.with(|c| c.stores = stores)
@@ -240,8 +250,8 @@ impl Config {
         out.push_str("The same key with another fingerprint: 422.\n");
         let _ = writeln!(
             out,
-            "- While the first request runs: 409 with `Retry-After` (a request holds its key for \
-             up to {} s).",
+            "- While the first request runs: 409 with `Retry-After: 1` (retry soon, with the same \
+             key; a request holds its key for up to {} s).",
             lease.as_secs()
         );
         let _ = writeln!(

@@ -20,7 +20,7 @@
 //! | a repeated, empty or malformed key (1 to 255 visible ASCII; a structured-field String `"…"`, or bare) | 400 | no |
 //! | a body over the limit | 413 `body-too-large` | no |
 //! | a key already used with another method, path or body | 422 `key-reused` (checked first) | no |
-//! | a key whose first request is still running | 409 `in-flight` with `Retry-After` | no |
+//! | a key whose first request is still running | 409 `in-flight` with `Retry-After: 1` (retry soon, same key) | no |
 //! | a key whose first request completed | its status, selected headers and body, byte for byte, with `Idempotent-Replayed: true` | no |
 //! | a new key | the handler's response, stored unless its status says nothing happened (400, 401, 403, 404, 405, 409, 413, 415, 422, 429 by default) | yes, once |
 //! | the store cannot be reached | 503 `store-unavailable` | no |
@@ -32,6 +32,8 @@
 //! [`IdempotencyLayer::skip`] are left out. Errors are RFC 9457 `application/problem+json`, each
 //! with its own `type` under the policy URL and a `Link: <policy>; rel="describedby"`; the layer
 //! serves the policy itself (`GET /idempotency-policy` by default, generated from its settings).
+//! [`IdempotencyLayer::error_body`] chooses Stripe's error envelope instead (so that Stripe's
+//! own SDKs raise their `IdempotencyError` for a reused key), or your own.
 //!
 //! Once a request holds its key, the handler runs in a task of its own: a client that hangs up
 //! does not cancel it, and its response is stored for the retry.
@@ -45,6 +47,7 @@ use bytes::Bytes;
 use http_body_util::{Either, Full};
 
 pub use layer::{DEFAULT_POLICY_PATH, IdempotencyLayer};
+pub use problem::{ErrorBody, LayerError, WriteError};
 pub use service::Idempotent;
 
 /// The boxed error of request bodies.

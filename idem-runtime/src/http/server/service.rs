@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -196,7 +197,11 @@ impl Config {
                      with the same key"
                         .to_owned(),
                 ));
-                    let seconds = (wait.as_millis() as u64).div_ceil(1000).max(1);
+                    // Retry soon: the first request usually ends long before its lease, and
+                    // clients take `Retry-After` as a floor (never less than a second, unless
+                    // the lease has already lapsed).
+                    let seconds =
+                        (wait.min(Duration::from_secs(1)).as_millis() as u64).div_ceil(1000);
                     response
                         .headers_mut()
                         .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
