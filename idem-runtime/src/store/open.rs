@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::admin::AdminStore;
-use crate::error::{OpenError, StoreError, redact_url};
+use crate::error::{OpenError, redact_url};
 
 /// The schemes [`open`] accepts in this build, and the features that add the others.
 fn schemes() -> String {
@@ -54,7 +54,7 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn AdminStore>, OpenError> {
             let store = tokio::task::spawn_blocking(move || SqliteStore::open(options))
                 .await
                 .map_err(|_| {
-                    StoreError::new(
+                    crate::error::StoreError::new(
                         "sqlite",
                         crate::error::StoreErrorKind::Unavailable,
                         "opening the file panicked",

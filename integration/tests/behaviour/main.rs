@@ -58,7 +58,10 @@ pub(crate) async fn register_payment(
 
 /// Declines are stored and replayed, as Stripe does for requests that started.
 #[idempotent(key = "run_id", mutating, name = "payments.strict", on_error = "store")]
-pub(crate) async fn strict_payment(run_id: String, amount_cents: u64) -> Result<Payment, PaymentError> {
+pub(crate) async fn strict_payment(
+    run_id: String,
+    amount_cents: u64,
+) -> Result<Payment, PaymentError> {
     effect(&run_id);
     if amount_cents > 1_000 {
         return Err(PaymentError::Declined);
