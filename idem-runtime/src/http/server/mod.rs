@@ -1,4 +1,4 @@
-//! The server side: a tower [`Layer`] that makes POST and PATCH routes idempotent.
+//! The server side: a tower [`Layer`](tower_layer::Layer) that makes POST and PATCH routes idempotent.
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {

@@ -64,7 +64,7 @@ macro_rules! store_conformance_tests {
     )*};
 }
 
-/// Generates one `#[tokio::test]` per admin conformance check ([`AdminStore`]): the same
+/// Generates one `#[tokio::test]` per admin conformance check ([`AdminStore`](crate::store::admin::AdminStore)): the same
 /// shapes as [`store_conformance_tests!`](crate::store_conformance_tests).
 #[macro_export]
 macro_rules! admin_conformance_tests {

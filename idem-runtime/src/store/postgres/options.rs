@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::store::replay_cache;
 
-/// Options of a [`PostgresStore`], usually taken from the URL.
+/// Options of a [`PostgresStore`](super::PostgresStore), usually taken from the URL.
 #[derive(Debug, Clone)]
 pub struct PostgresOptions {
     pub(super) config: tokio_postgres::Config,

@@ -25,7 +25,7 @@
 //! `appendonly no` (the default of many installations) a restart of Redis forgets every claim,
 //! and a retry after it runs the body again; with `appendonly yes` and `appendfsync everysec` a
 //! crash of the server may forget the last second. Only `appendfsync always` makes a claim
-//! durable before the body runs. [`StoreHealth`] says which you have, and the startup audit
+//! durable before the body runs. [`StoreHealth`](crate::store::StoreHealth) says which you have, and the startup audit
 //! warns when claims do not survive a restart.
 //!
 //! **The record** is one string, so that a claim is one `GET` and one `SET … PX` inside the
@@ -75,7 +75,7 @@ use self::claim::{CLAIM, COMPLETE, RELEASE};
 
 const BACKEND: &str = "redis";
 
-/// The shared Redis [`Store`]. Cheap to clone; clones share the connection.
+/// The shared Redis [`Store`](crate::store::Store). Cheap to clone; clones share the connection.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: ConnectionManager,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::store::replay_cache::{self};
 
-/// Options of a [`RedisStore`], usually taken from the URL.
+/// Options of a [`RedisStore`](super::RedisStore), usually taken from the URL.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
     pub(super) connection: String,

@@ -14,7 +14,7 @@ pub enum Synchronous {
     Normal,
 }
 
-/// Options of a [`SqliteStore`], usually taken from the URL.
+/// Options of a [`SqliteStore`](super::SqliteStore), usually taken from the URL.
 #[derive(Debug, Clone)]
 pub struct SqliteOptions {
     /// The database file; created if missing.
