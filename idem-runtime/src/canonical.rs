@@ -567,150 +567,13 @@ fn write_number_text(out: &mut Vec<u8>, text: &str) -> Result<(), CanonicalError
     Canon { out, skip: &[] }.write_float(v, v.is_finite())
 }
 
-/// Takes the one string a special struct's field holds.
-struct Text;
-
-impl ser::Serializer for Text {
-    type Ok = String;
-    type Error = CanonicalError;
-    type SerializeSeq = ser::Impossible<String, CanonicalError>;
-    type SerializeTuple = ser::Impossible<String, CanonicalError>;
-    type SerializeTupleStruct = ser::Impossible<String, CanonicalError>;
-    type SerializeTupleVariant = ser::Impossible<String, CanonicalError>;
-    type SerializeMap = ser::Impossible<String, CanonicalError>;
-    type SerializeStruct = ser::Impossible<String, CanonicalError>;
-    type SerializeStructVariant = ser::Impossible<String, CanonicalError>;
-
-    fn serialize_str(self, v: &str) -> Result<String, CanonicalError> {
-        Ok(v.to_owned())
-    }
-    fn serialize_bool(self, _: bool) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_i8(self, _: i8) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_i16(self, _: i16) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_i32(self, _: i32) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_i64(self, _: i64) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_i128(self, _: i128) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_u8(self, _: u8) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_u16(self, _: u16) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_u32(self, _: u32) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_u64(self, _: u64) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_u128(self, _: u128) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_f32(self, _: f32) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_f64(self, _: f64) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_char(self, _: char) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_bytes(self, _: &[u8]) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_none(self) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_unit(self) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_unit_struct(self, _: &'static str) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_unit_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-    ) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        _: &T,
-    ) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: &T,
-    ) -> Result<String, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleStruct, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleVariant, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStruct, CanonicalError> {
-        Err(Text::unexpected())
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStructVariant, CanonicalError> {
-        Err(Text::unexpected())
-    }
-}
-
-impl Text {
-    fn unexpected() -> CanonicalError {
-        CanonicalError::Custom("a serde_json number or raw value that holds no text".into())
+/// The one string a special struct's field holds.
+fn special_text<T: Serialize + ?Sized>(value: &T) -> Result<String, CanonicalError> {
+    match value.serialize(serde_json::value::Serializer) {
+        Ok(serde_json::Value::String(text)) => Ok(text),
+        _ => Err(CanonicalError::Custom(
+            "a serde_json number or raw value that holds no text".into(),
+        )),
     }
 }
 
@@ -764,7 +627,7 @@ impl ser::SerializeStruct for Object<'_, '_> {
         v: &T,
     ) -> Result<(), CanonicalError> {
         match self.special {
-            Some(special) => special.write(self.out, &v.serialize(Text)?, self.skip),
+            Some(special) => special.write(self.out, &special_text(v)?, self.skip),
             None => self.member(Cow::Borrowed(name), v),
         }
     }

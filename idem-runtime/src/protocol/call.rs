@@ -1,6 +1,6 @@
 //! The call of a keyed tool, step by step: [`prepare`] (refusals before the store), the
-//! [`claim`](super::claim), then [`replay`] or a refusal, the tool's [`Check`] after a takeover,
-//! the body, and [`settle`]. [`run`] strings them together.
+//! [`claim`](super::claim), then [`replay`] or a refusal, the tool's [`Check`] after a
+//! takeover, the body, and [`settle`]. [`run`] strings them together.
 
 use std::future::Future;
 
@@ -180,80 +180,59 @@ where
     crate::current::note_call(name, key);
     let span = crate::telemetry::call_span(name, scope.tenant(), &key.short_hash());
     let started = std::time::Instant::now();
-    let result =
-        claim_and_run::<T, E, H, A, C, B, F>(tool, &scope, key, fingerprint, args, check, body)
-            .instrument(span.clone())
-            .await;
-    crate::telemetry::finish(&span, name, &result, started);
-    result
-}
-
-/// The call once its key is known.
-async fn claim_and_run<T, E, H, A, C, B, F>(
-    tool: &'static ToolInfo,
-    scope: &Scope,
-    key: IdempotencyKey,
-    fingerprint: Fingerprint,
-    args: A,
-    check: C,
-    body: B,
-) -> Result<Outcome<T>, Error<E>>
-where
-    T: Serialize + DeserializeOwned,
-    E: ErrorHandling<H>,
-    C: Check<A, T, E>,
-    B: FnOnce(A) -> F,
-    F: Future<Output = Result<T, E>>,
-{
-    let name = tool.name;
     let idem = scope.idem();
-    let intent = Intent {
-        tenant: scope.tenant(),
-        key,
-        tool: name,
-        fingerprint,
-        lease: tool.effective_lease(idem),
-        ttl: tool.effective_ttl(idem),
-        orphans: if C::RECONCILES {
+    let result = async {
+        let orphans = if C::RECONCILES {
             Orphans::Reconcile
         } else {
             tool.orphans()
-        },
-    };
-    let claimed = match claim(idem, intent).await? {
-        Claiming::Acquired(claimed) => claimed,
-        Claiming::Completed(bytes) => return replay::<T, E, H>(name, key, &bytes),
-        Claiming::Mismatch => return Ok(Outcome::Mismatch(Mismatch::new(name, key.short_hash()))),
-        Claiming::InFlight(retry_after) => {
-            return Ok(Outcome::InFlight(InFlight::new(
-                name,
-                key.short_hash(),
-                retry_after,
-            )));
-        }
-        Claiming::Unknown => return Ok(Outcome::Unknown(Unknown::new(name, key.short_hash()))),
-    };
-    tracing::Span::current().record("token", claimed.token().get());
-    // An orphan or an unknown record: an earlier owner may have had the effect. The state
-    // check, if the tool has one, says which before anything runs again.
-    if C::RECONCILES && claimed.takeover() {
-        match crate::current::run_as(name, key, check.check(&args)).await {
-            Ok(Some(value)) => {
-                let bytes = encode_value(&value).map_err(|source| not_stored(name, key, source))?;
-                return match claimed.complete(RecordStatus::Completed, &bytes).await {
-                    Ok(Fenced::Applied) => Ok(Outcome::Replayed(value)),
-                    Ok(Fenced::Lost) => Err(lease_lost(name, key)),
-                    Err(e) => Err(Error::Store(e)),
-                };
+        };
+        let intent = Intent {
+            tenant: scope.tenant(),
+            key,
+            tool: name,
+            fingerprint,
+            lease: tool.effective_lease(idem),
+            ttl: tool.effective_ttl(idem),
+            orphans,
+        };
+        let hash = key.short_hash();
+        let claimed = match claim(idem, intent).await? {
+            Claiming::Acquired(claimed) => claimed,
+            Claiming::Completed(bytes) => return replay::<T, E, H>(name, key, &bytes),
+            Claiming::Mismatch => return Ok(Outcome::Mismatch(Mismatch::new(name, hash))),
+            Claiming::InFlight(wait) => {
+                return Ok(Outcome::InFlight(InFlight::new(name, hash, wait)));
             }
-            Ok(None) => {}
-            // Still unknown whether the effect happened: keep the claim (the lease protects
-            // it, and the next claim checks again) and run nothing.
-            Err(error) => return Err(Error::CheckFailed { tool: name, error }),
+            Claiming::Unknown => return Ok(Outcome::Unknown(Unknown::new(name, hash))),
+        };
+        tracing::Span::current().record("token", claimed.token().get());
+        // An orphan or an unknown record: an earlier owner may have had the effect. The state
+        // check, if the tool has one, says which before anything runs again.
+        if C::RECONCILES && claimed.takeover() {
+            match crate::current::run_as(name, key, check.check(&args)).await {
+                Ok(Some(value)) => {
+                    let bytes =
+                        encode_value(&value).map_err(|source| not_stored(name, key, source))?;
+                    return match claimed.complete(RecordStatus::Completed, &bytes).await {
+                        Ok(Fenced::Applied) => Ok(Outcome::Replayed(value)),
+                        Ok(Fenced::Lost) => Err(lease_lost(name, key)),
+                        Err(e) => Err(Error::Store(e)),
+                    };
+                }
+                Ok(None) => {}
+                // Still unknown whether the effect happened: keep the claim (the lease
+                // protects it, and the next claim checks again) and run nothing.
+                Err(error) => return Err(Error::CheckFailed { tool: name, error }),
+            }
         }
+        let result = crate::current::run_as(name, key, body(args)).await;
+        settle::<T, E, H>(name, key, claimed, result, idem.max_result_bytes()).await
     }
-    let result = crate::current::run_as(name, key, body(args)).await;
-    settle::<T, E, H>(name, key, claimed, result, idem.max_result_bytes()).await
+    .instrument(span.clone())
+    .await;
+    crate::telemetry::finish(&span, name, &result, started);
+    result
 }
 
 /// A completed record, read back: the stored value, or the stored error of the tool.
