@@ -8,45 +8,43 @@ use syn::{AttrStyle, ItemFn, ReturnType};
 
 use crate::ast::{Ret, Tool};
 
-/// The value and error types of the rewritten signature.
-pub fn result_types(tool: &Tool) -> (TokenStream, TokenStream) {
-    match &tool.ret {
-        Ret::Explicit { ok, err } => (quote!(#ok), quote!(#err)),
-        Ret::Alias(ty) => (
-            quote_spanned!(ty.span()=> <#ty as ::idem::ToolResult>::Ok),
-            quote_spanned!(ty.span()=> <#ty as ::idem::ToolResult>::Err),
-        ),
-    }
-}
-
 /// The user's signature with `-> Result<T, E>` turned into
-/// `-> Result<Outcome<T>, idem::Error<E>>`.
+/// `-> Result<Outcome<T>, idem::Error<E>>`; an alias (or anything else) goes through one
+/// projection, `<R as ToolResult>::Rewritten`, so that a return type that is not a `Result` is
+/// one error, at the type.
 pub fn rewritten_signature(tool: &Tool) -> syn::Signature {
-    let (ok, err) = result_types(tool);
     let mut sig = tool.item.sig.clone();
     let span = match &sig.output {
         ReturnType::Type(_, ty) => ty.span(),
         ReturnType::Default => Span::call_site(),
     };
-    sig.output = syn::parse_quote_spanned! {span=>
-        -> ::core::result::Result<::idem::Outcome<#ok>, ::idem::Error<#err>>
+    sig.output = match &tool.ret {
+        Ret::Explicit { ok, err } => syn::parse_quote_spanned! {span=>
+            -> ::core::result::Result<::idem::Outcome<#ok>, ::idem::Error<#err>>
+        },
+        Ret::Alias(ty) => syn::parse_quote_spanned! {span=>
+            -> <#ty as ::idem::ToolResult>::Rewritten
+        },
     };
     sig
 }
 
-/// `async move { let __idem_out: R = { body }; __idem_out }`: the body as a future whose type
-/// errors are reported at the user's own expressions.
+/// `async move { let __idem_out: R = { body }; ToolResult::into_result(__idem_out) }`: the body
+/// as a future of a plain `Result`, whose type errors are reported at the user's own
+/// expressions, and a return type that is not a `Result` at that type (once: the signature's
+/// projection reports the same).
 pub fn body_future(tool: &Tool) -> TokenStream {
     let block = &tool.item.block;
-    let ret = match &tool.item.sig.output {
-        ReturnType::Type(_, ty) => quote!(#ty),
-        ReturnType::Default => quote!(()),
+    let (ret, span) = match &tool.item.sig.output {
+        ReturnType::Type(_, ty) => (quote!(#ty), ty.span()),
+        ReturnType::Default => (quote!(()), Span::call_site()),
     };
+    let into_result = quote_spanned!(span=> ::idem::ToolResult::into_result(__idem_out));
     quote! {
         async move {
             #[allow(unreachable_code, clippy::diverging_sub_expression)]
             let __idem_out: #ret = #block;
-            __idem_out
+            #into_result
         }
     }
 }

@@ -20,7 +20,6 @@ pub use crate::protocol::policy::{
 };
 pub use crate::registry::{ErrorPolicy, OrphanPolicy, Registration, ToolInfo};
 
-use crate::ToolResult;
 use crate::canonical::CanonicalError;
 use crate::error::{Error, ErrorClass};
 use crate::fingerprint::Fingerprint;
@@ -106,26 +105,28 @@ impl<T: Serialize + ?Sized> ToolArgument for T {
 }
 
 /// Runs a keyed tool: claim, run the body at most once, settle the record as `policy` says.
-pub async fn run_keyed<H, R, F>(
+/// The body is the user's, its value already a plain `Result` (`ToolResult::into_result`, in
+/// the generated code, at the return type: a return type that is not a `Result` is one error
+/// there, and the bounds below then hold for the error type without more noise).
+pub async fn run_keyed<H, T, E, F>(
     tool: &'static ToolInfo,
     _policy: H,
     key: KeyParts,
     fingerprint: Result<Fingerprint, CanonicalError>,
     body: F,
-) -> Result<Outcome<R::Ok>, Error<R::Err>>
+) -> Result<Outcome<T>, Error<E>>
 where
-    R: ToolResult,
-    R::Err: ErrorHandling<H>,
-    R::Ok: StorableResult,
-    F: Future<Output = R>,
+    E: ErrorHandling<H>,
+    T: StorableResult,
+    F: Future<Output = Result<T, E>>,
 {
-    let body = move |()| async { body.await.into_result() };
+    let body = move |()| body;
     call::run::<_, _, H, _, _, _, _>(tool, key, fingerprint, (), NoCheck, body).await
 }
 
 /// Runs a keyed tool with a state check (`check = …`) that reconciles orphans and `unknown`
 /// records. `args` are the tool's arguments, lent to `check` and then given to `body`.
-pub async fn run_keyed_checked<H, R, A, C, B, F>(
+pub async fn run_keyed_checked<H, T, E, A, C, B, F>(
     tool: &'static ToolInfo,
     _policy: H,
     key: KeyParts,
@@ -133,16 +134,14 @@ pub async fn run_keyed_checked<H, R, A, C, B, F>(
     args: A,
     check: C,
     body: B,
-) -> Result<Outcome<R::Ok>, Error<R::Err>>
+) -> Result<Outcome<T>, Error<E>>
 where
-    R: ToolResult,
-    R::Err: ErrorHandling<H>,
-    R::Ok: StorableResult,
-    C: AsyncFnOnce(&A) -> Result<Option<R::Ok>, R::Err>,
+    E: ErrorHandling<H>,
+    T: StorableResult,
+    C: AsyncFnOnce(&A) -> Result<Option<T>, E>,
     B: FnOnce(A) -> F,
-    F: Future<Output = R>,
+    F: Future<Output = Result<T, E>>,
 {
-    let body = move |args| async { body(args).await.into_result() };
     let check = StateCheck(check);
     call::run::<_, _, H, _, _, _, _>(tool, key, fingerprint, args, check, body).await
 }
@@ -150,14 +149,13 @@ where
 /// Runs a tool decided by its state check alone (no key): `found` is the check's answer, made
 /// before the body future exists. `Some(result)`: the effect already happened, `Replayed`;
 /// `None`: the body runs, `Fresh`.
-pub async fn run_checked<R, F>(
+pub async fn run_checked<T, E, F>(
     tool: &'static ToolInfo,
-    found: Result<Option<R::Ok>, R::Err>,
+    found: Result<Option<T>, E>,
     body: F,
-) -> Result<Outcome<R::Ok>, Error<R::Err>>
+) -> Result<Outcome<T>, Error<E>>
 where
-    R: ToolResult,
-    F: Future<Output = R>,
+    F: Future<Output = Result<T, E>>,
 {
     crate::registry::write_report_from_env(None);
     match found {
@@ -172,21 +170,14 @@ where
 }
 
 /// Runs a naturally idempotent tool: no key, no store, always `Fresh`.
-pub async fn run_natural<R, F>(
-    _tool: &'static ToolInfo,
-    body: F,
-) -> Result<Outcome<R::Ok>, Error<R::Err>>
+pub async fn run_natural<T, E, F>(_tool: &'static ToolInfo, body: F) -> Result<Outcome<T>, Error<E>>
 where
-    R: ToolResult,
-    F: Future<Output = R>,
+    F: Future<Output = Result<T, E>>,
 {
     crate::registry::write_report_from_env(None);
-    body.await
-        .into_result()
-        .map(Outcome::Fresh)
-        .map_err(|error| Error::Tool {
-            error,
-            replayed: false,
-            class: ErrorClass::Release,
-        })
+    body.await.map(Outcome::Fresh).map_err(|error| Error::Tool {
+        error,
+        replayed: false,
+        class: ErrorClass::Release,
+    })
 }

@@ -71,6 +71,8 @@ pub trait ToolResult: sealed::Sealed {
     type Ok;
     /// The error.
     type Err;
+    /// What the attribute makes the tool return: `Result<Outcome<Ok>, idem::Error<Err>>`.
+    type Rewritten;
     /// The value as a plain `Result`.
     fn into_result(self) -> Result<Self::Ok, Self::Err>;
 }
@@ -78,6 +80,7 @@ pub trait ToolResult: sealed::Sealed {
 impl<T, E> ToolResult for Result<T, E> {
     type Ok = T;
     type Err = E;
+    type Rewritten = Result<Outcome<T>, Error<E>>;
     fn into_result(self) -> Result<T, E> {
         self
     }
