@@ -281,7 +281,7 @@ async fn dead_letter(
     };
     let bytes = serde_json::to_vec(&entry).expect("a dead letter serializes");
     let intent = Intent {
-        tenant,
+        tenant: scope.shared_tenant(),
         key: entry_key,
         tool: DEAD_LETTER_TOOL,
         fingerprint: crate::fingerprint::Fingerprint::from_bytes([0; 32]),

@@ -308,6 +308,11 @@ impl Scope {
         &self.tenant
     }
 
+    /// The tenant, shared (a reference count, not a copy).
+    pub(crate) fn shared_tenant(&self) -> Arc<str> {
+        self.tenant.clone()
+    }
+
     /// The runtime.
     pub fn idem(&self) -> &Idem {
         &self.idem

@@ -188,7 +188,7 @@ where
             tool.orphans()
         };
         let intent = Intent {
-            tenant: scope.tenant(),
+            tenant: scope.shared_tenant(),
             key,
             tool: name,
             fingerprint,
@@ -508,7 +508,7 @@ mod tests {
                 let claimed = crate::protocol::claim(
                     &idem,
                     crate::protocol::Intent {
-                        tenant: "t",
+                        tenant: "t".into(),
                         key: crate::key::derive_key(
                             "t",
                             "call.short",

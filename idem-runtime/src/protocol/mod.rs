@@ -30,10 +30,11 @@ use crate::store::{
 };
 
 /// What one call means to claim: the key of an intent, under a tenant.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Intent<'a> {
-    /// The tenant (for HTTP, the principal).
-    pub tenant: &'a str,
+#[derive(Debug, Clone)]
+pub(crate) struct Intent {
+    /// The tenant (for HTTP, the principal); shared, so that a claim that takes the key keeps it
+    /// without a copy.
+    pub tenant: Arc<str>,
     /// The derived key.
     pub key: IdempotencyKey,
     /// The tool's stable name.
@@ -64,12 +65,12 @@ pub(crate) enum Claiming {
 }
 
 /// Claims `intent`'s key in `idem`'s store, reading the time once from `idem`'s clock.
-pub(crate) async fn claim(idem: &Idem, intent: Intent<'_>) -> Result<Claiming, StoreError> {
+pub(crate) async fn claim(idem: &Idem, intent: Intent) -> Result<Claiming, StoreError> {
     let now = idem.clock().now();
     let claim = idem
         .store()
         .claim(ClaimRequest {
-            tenant: intent.tenant,
+            tenant: &intent.tenant,
             key: intent.key,
             tool: intent.tool,
             fingerprint: intent.fingerprint,
@@ -82,7 +83,7 @@ pub(crate) async fn claim(idem: &Idem, intent: Intent<'_>) -> Result<Claiming, S
     Ok(match claim {
         Claim::Acquired { token, takeover } => Claiming::Acquired(Claimed {
             idem: idem.clone(),
-            tenant: Arc::from(intent.tenant),
+            tenant: intent.tenant,
             key: intent.key,
             token,
             ttl: intent.ttl,
@@ -173,9 +174,9 @@ mod tests {
     use crate::store::memory::MemoryStore;
     use crate::store::{Fenced, Orphans, RecordStatus};
 
-    fn intent(fingerprint: u8, lease_ms: u64) -> Intent<'static> {
+    fn intent(fingerprint: u8, lease_ms: u64) -> Intent {
         Intent {
-            tenant: "tenant-p",
+            tenant: "tenant-p".into(),
             key: derive_key(
                 "tenant-p",
                 "protocol.test",

@@ -164,9 +164,10 @@ impl Config {
     {
         let idem = &self.idem;
         let parts = [KeyPart::new(&key).expect("a validated key string is a key part")];
+        let key = derive_key(&principal, "http", &parts);
         let intent = Intent {
-            tenant: &principal,
-            key: derive_key(&principal, "http", &parts),
+            tenant: principal.into(),
+            key,
             tool: "http",
             fingerprint,
             lease: self.lease.unwrap_or(idem.default_lease()),
