@@ -234,6 +234,29 @@ fn markdown(results: &Results) -> String {
             ));
         }
     }
+    if results.median("renewal", "sqlite_on").is_some() {
+        out.push_str("\n## Lease renewal\n\n");
+        out.push_str(
+            "Calls whose body waits once (so the renewal's timer is armed) and ends long before its \
+             lease, with renewal on and off (`IdemBuilder::renew_leases`): fresh calls on SQLite, \
+             and calls whose error releases the key on the memory store (the cost alone).\n\n",
+        );
+        out.push_str("| store | renewal on | renewal off | difference | time ratio |\n|---|---|---|---|---|\n");
+        for store in ["sqlite", "memory"] {
+            let on = results.median("renewal", &format!("{store}_on"));
+            let off = results.median("renewal", &format!("{store}_off"));
+            let us = |x: Option<f64>| x.map_or("—".into(), |v| format!("{:.2} µs", v / 1e3));
+            let difference = on
+                .zip(off)
+                .map_or("—".into(), |(on, off)| format!("{:+.0} ns", on - off));
+            out.push_str(&format!(
+                "| {store} | {} | {} | {difference} | {} |\n",
+                us(on),
+                us(off),
+                ratio(on, off)
+            ));
+        }
+    }
     if !missing.is_empty() {
         out.push_str(&format!(
             "\nNo results for {} in this run (set `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL`).\n",

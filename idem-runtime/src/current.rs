@@ -1,19 +1,24 @@
 //! What a running tool body knows about its own call: [`current()`].
 
+use std::sync::Arc;
+
 use crate::key::{DownstreamKey, IdempotencyKey, KeyHash, derive_downstream_key};
+use crate::protocol::lease::LeaseState;
 
 tokio::task_local! {
     static CURRENT: Current;
 }
 
-/// The call whose body is running: its tool and its key.
+/// The call whose body is running: its tool, its key and its lease.
 ///
 /// Got with [`current()`] inside the body of a keyed `#[idempotent]` tool. Its main use is
-/// [`Current::derive`]: the key to send with each downstream call.
-#[derive(Debug, Clone, Copy)]
+/// [`Current::derive`]: the key to send with each downstream call. A body that runs long may
+/// also watch its lease ([`Current::lease_lost`]).
+#[derive(Debug, Clone)]
 pub struct Current {
     tool: &'static str,
     key: IdempotencyKey,
+    lease: Arc<LeaseState>,
 }
 
 impl Current {
@@ -43,22 +48,50 @@ impl Current {
     pub fn derive(&self, name: &str) -> DownstreamKey {
         derive_downstream_key(&self.key, name)
     }
+
+    /// Whether this call lost its lease: the store refused a renewal (another call took the
+    /// key over), or could not be reached until the last lease it confirmed lapsed. Another call
+    /// may then be running the same intent, and this call's completion will be refused if it
+    /// did take the key over ([`Error::LeaseLost`](crate::Error::LeaseLost)). Once lost, lost.
+    pub fn is_lease_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// Completes when this call loses its lease (never, while it holds it): race it against
+    /// long work to stop early.
+    ///
+    /// ```
+    /// # use idem_runtime as idem;
+    /// # async fn deploy_step() {}
+    /// # async fn f() -> Result<(), &'static str> {
+    /// if let Some(call) = idem::current() {
+    ///     tokio::select! {
+    ///         () = deploy_step() => {}
+    ///         () = call.lease_lost() => return Err("lease lost: another worker took over"),
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn lease_lost(&self) {
+        self.lease.lost().await;
+    }
 }
 
 /// The call whose body is running, inside the body of a keyed `#[idempotent]` tool; `None`
 /// elsewhere: outside a tool, in a naturally idempotent tool, in a call that ran unprotected
-/// (no key), and in tasks the body spawns (pass the [`Current`] along: it is `Copy`).
+/// (no key), and in tasks the body spawns (pass a clone of the [`Current`] along).
 pub fn current() -> Option<Current> {
-    CURRENT.try_with(|c| *c).ok()
+    CURRENT.try_with(Current::clone).ok()
 }
 
-/// Runs `body` as the body of the call of `tool` with `key`.
+/// Runs `body` as the body of the call of `tool` with `key`, holding the lease `lease` tells of.
 pub(crate) async fn run_as<F: Future>(
     tool: &'static str,
     key: IdempotencyKey,
+    lease: Arc<LeaseState>,
     body: F,
 ) -> F::Output {
-    CURRENT.scope(Current { tool, key }, body).await
+    CURRENT.scope(Current { tool, key, lease }, body).await
 }
 
 tokio::task_local! {

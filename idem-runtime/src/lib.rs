@@ -39,6 +39,7 @@ pub mod rig;
 mod runtime;
 pub mod store;
 pub mod telemetry;
+mod timer;
 
 #[doc(hidden)]
 pub mod __private;

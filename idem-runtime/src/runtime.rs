@@ -43,6 +43,7 @@ struct Inner {
     retry_window: Duration,
     max_result_bytes: usize,
     max_argument_bytes: usize,
+    renew_leases: bool,
     clock: Arc<dyn Clock>,
 }
 
@@ -71,6 +72,7 @@ impl Idem {
             retry_window: None,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             max_argument_bytes: DEFAULT_MAX_ARGUMENT_BYTES,
+            renew_leases: true,
             clock: Arc::new(SystemClock),
         }
     }
@@ -133,6 +135,11 @@ impl Idem {
         self.inner.retry_window
     }
 
+    /// Whether running bodies renew their lease ([`IdemBuilder::renew_leases`]).
+    pub fn renews_leases(&self) -> bool {
+        self.inner.renew_leases
+    }
+
     /// The largest result a record keeps.
     pub fn max_result_bytes(&self) -> usize {
         self.inner.max_result_bytes
@@ -191,6 +198,7 @@ pub struct IdemBuilder {
     retry_window: Option<Duration>,
     max_result_bytes: usize,
     max_argument_bytes: usize,
+    renew_leases: bool,
     clock: Arc<dyn Clock>,
 }
 
@@ -232,6 +240,19 @@ impl IdemBuilder {
         self
     }
 
+    /// Whether a running body renews its lease (on unless set).
+    ///
+    /// With renewal, the owner of a claim extends its lease in the store every third of the
+    /// lease while the body runs, fenced by its token: a body that runs many times its lease is
+    /// never taken over while its process lives, and one lease after the process dies a retry
+    /// takes over. The price is that a body that hangs (a downstream call without a timeout)
+    /// holds its key as long as its process lives: give downstream calls timeouts. Without
+    /// renewal, a body slower than its lease can be taken over by a retry and run twice.
+    pub fn renew_leases(mut self, renew: bool) -> Self {
+        self.renew_leases = renew;
+        self
+    }
+
     /// The clock (the system clock unless set).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -253,6 +274,7 @@ impl IdemBuilder {
                 retry_window: self.retry_window.unwrap_or(self.ttl),
                 max_result_bytes: self.max_result_bytes,
                 max_argument_bytes: self.max_argument_bytes,
+                renew_leases: self.renew_leases,
                 clock: self.clock,
             }),
         }

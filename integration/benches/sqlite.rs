@@ -4,6 +4,9 @@
 //! - `fresh`: a new intent (claim, body, completion; two durable commits), vs a hand-written
 //!   INSERT `in_flight` + UPDATE `completed` with the same durability (WAL, synchronous=FULL).
 //! - `fresh_concurrent`: fresh calls/s with 1, 8 and 64 callers (group commit at work).
+//! - `renewal`: calls whose body waits once (so the lease renewal arms its timer), with renewal
+//!   on and off: fresh calls on SQLite, and calls whose error releases the key on the memory
+//!   store (nothing else to measure): what renewal costs a call shorter than its lease.
 //!
 //! `cargo bench --bench sqlite` prints the ratios at the end. All files live under the target
 //! directory, on the same disk.
@@ -171,6 +174,76 @@ fn fresh(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
     group.finish();
 }
 
+/// The benchmarked tool of `renewal`: like `register_payment`, but its body yields once, as any
+/// body that awaits I/O does, so the call's renewals start their timer.
+#[idem::idempotent(
+    key = "run_id, step_id",
+    mutating,
+    name = "bench.register_payment_awaiting"
+)]
+async fn register_payment_awaiting(
+    run_id: String,
+    step_id: u64,
+    customer: String,
+    amount_cents: u64,
+) -> Result<Payment, std::convert::Infallible> {
+    tokio::task::yield_now().await;
+    Ok(Payment {
+        payment_id: format!("pay_{run_id}_{step_id}"),
+        customer,
+        amount_cents,
+    })
+}
+
+/// The memory-store twin of `register_payment_awaiting`: its error releases the key, so the
+/// store stays empty and each call costs the same however many ran before.
+#[idem::idempotent(key = "run_id, step_id", mutating, name = "bench.declined_awaiting")]
+async fn declined_awaiting(run_id: String, step_id: u64) -> Result<Payment, String> {
+    tokio::task::yield_now().await;
+    Err(format!("declined {run_id} {step_id}"))
+}
+
+fn renewal(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
+    let mut group = c.benchmark_group("renewal");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(30);
+    group.measurement_time(Duration::from_secs(8));
+    for renew in [true, false] {
+        let on = if renew { "on" } else { "off" };
+        let url = format!(
+            "sqlite://{}",
+            dir.join(format!("renewal-{on}.db")).display()
+        );
+        let sqlite = rt
+            .block_on(Idem::builder().renew_leases(renew).open(&url))
+            .expect("open")
+            .scope(format!("tenant-{on}"));
+        let next = AtomicU64::new(0);
+        group.bench_function(format!("sqlite_{on}"), |b| {
+            b.to_async(rt).iter(|| async {
+                let step = next.fetch_add(1, Ordering::Relaxed);
+                let call = register_payment_awaiting("run-r".into(), step, "cus_42".into(), 5);
+                let out = sqlite.run(call).await.expect("call");
+                assert!(out.is_fresh());
+                out
+            })
+        });
+        let memory = rt
+            .block_on(Idem::builder().renew_leases(renew).open("memory://"))
+            .expect("open")
+            .scope("tenant-a");
+        let next = AtomicU64::new(0);
+        group.bench_function(format!("memory_{on}"), |b| {
+            b.to_async(rt).iter(|| async {
+                let step = next.fetch_add(1, Ordering::Relaxed);
+                let answer = memory.run(declined_awaiting("run-r".into(), step)).await;
+                assert!(matches!(answer, Err(idem::Error::Tool { .. })));
+            })
+        });
+    }
+    group.finish();
+}
+
 fn fresh_concurrent(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
     let idem = rt
         .block_on(Idem::open(&format!(
@@ -216,6 +289,18 @@ fn summary() {
         median_ns("fresh", "raw_insert_update"),
         0.8,
     );
+    row(
+        "renewal on vs off, sqlite, a body that waits once",
+        median_ns("renewal", "sqlite_on"),
+        median_ns("renewal", "sqlite_off"),
+        0.95,
+    );
+    support::context_row(
+        "renewal on vs off, memory: the cost alone",
+        median_ns("renewal", "memory_on"),
+        median_ns("renewal", "memory_off"),
+        "nanoseconds per call, see the difference of the medians",
+    );
     // The target compares 64 callers with the sequential fresh rate (`fresh/idem`); the ratio to
     // one caller in the concurrent harness (which adds a task and a join) is shown too.
     let sequential = median_ns("fresh", "idem");
@@ -247,6 +332,7 @@ fn main() {
     replay(&mut c, &dir, &rt);
     fresh(&mut c, &dir, &rt);
     fresh_concurrent(&mut c, &dir, &rt);
+    renewal(&mut c, &dir, &rt);
     c.final_summary();
     summary();
 }

@@ -144,6 +144,9 @@ impl Store for Marking {
             Ok(fenced)
         })
     }
+    fn renew<'a>(&'a self, renewal: idem::store::Renewal<'a>) -> StoreFuture<'a, Fenced> {
+        self.0.renew(renewal)
+    }
     fn release<'a>(
         &'a self,
         tenant: &'a str,

@@ -210,7 +210,13 @@ where
         // An orphan or an unknown record: an earlier owner may have had the effect. The state
         // check, if the tool has one, says which before anything runs again.
         if C::RECONCILES && claimed.takeover() {
-            match crate::current::run_as(name, key, check.check(&args)).await {
+            let check = crate::current::run_as(
+                name,
+                key,
+                claimed.lease_state().clone(),
+                check.check(&args),
+            );
+            match claimed.hold(check).await {
                 Ok(Some(value)) => {
                     let bytes =
                         encode_value(&value).map_err(|source| not_stored(name, key, source))?;
@@ -226,7 +232,8 @@ where
                 Err(error) => return Err(Error::CheckFailed { tool: name, error }),
             }
         }
-        let result = crate::current::run_as(name, key, body(args)).await;
+        let body = crate::current::run_as(name, key, claimed.lease_state().clone(), body(args));
+        let result = claimed.hold(body).await;
         settle::<T, E, H>(name, key, claimed, result, idem.max_result_bytes()).await
     }
     .instrument(span.clone())

@@ -8,25 +8,27 @@
 //! | replay | a completed record: its value, or its stored error, decoded | [`call`], [`record`] |
 //! | refuse | `Mismatch`, `InFlight` (with how long to wait), `Unknown` | [`Claiming`] |
 //! | check | an orphan or `unknown` record taken over: the tool's state check decides first | [`call::Check`] |
-//! | run | the body, as [`current()`](crate::current()) call | [`call`] |
+//! | run | the body, as [`current()`](crate::current()) call, its lease renewed while it runs | [`call`], [`lease`] |
 //! | settle | complete (fenced by the claim's token) or release, as the tool's `on_error` policy says | [`Claimed`], [`policy`] |
 //!
 //! A key is only ever settled through the [`Claimed`] its claim returned: the fencing token
 //! never leaves it, so a settlement cannot name another claim's token.
 
 pub(crate) mod call;
+pub(crate) mod lease;
 pub(crate) mod policy;
 pub(crate) mod record;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use self::lease::LeaseState;
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::runtime::Idem;
 use crate::store::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, RecordStatus, UnixMillis,
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, RecordStatus, UnixMillis, after,
 };
 
 /// What one call means to claim: the key of an intent, under a tenant.
@@ -88,6 +90,9 @@ pub(crate) async fn claim(idem: &Idem, intent: Intent) -> Result<Claiming, Store
             token,
             ttl: intent.ttl,
             takeover,
+            lease: intent.lease,
+            held_until: after(now, intent.lease),
+            lease_state: Arc::default(),
         }),
         Claim::Completed { result } => Claiming::Completed(result),
         Claim::Mismatch => Claiming::Mismatch,
@@ -119,6 +124,12 @@ pub(crate) struct Claimed {
     token: FencingToken,
     ttl: Duration,
     takeover: bool,
+    /// The lease each renewal asks for.
+    lease: Duration,
+    /// When the lease the claim got lapses (by the caller's clock when it claimed).
+    held_until: UnixMillis,
+    /// Whether the lease is still held, for the body to ask.
+    lease_state: Arc<LeaseState>,
 }
 
 impl Claimed {
@@ -131,6 +142,11 @@ impl Claimed {
     /// had the effect.
     pub fn takeover(&self) -> bool {
         self.takeover
+    }
+
+    /// What the body may learn of this claim's lease.
+    pub fn lease_state(&self) -> &Arc<LeaseState> {
+        &self.lease_state
     }
 
     /// Records the key as `status` with `result`, if this claim still owns it.

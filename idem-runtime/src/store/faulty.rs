@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Store, StoreFuture, StoreHealth,
-    UnixMillis,
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
+    StoreHealth, UnixMillis,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -196,6 +196,10 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(self.inject("complete", self.inner.complete(completion)))
+    }
+
+    fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(self.inject("renew", self.inner.renew(renewal)))
     }
 
     fn release<'a>(

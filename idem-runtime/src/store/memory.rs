@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use super::admin::{self, AdminStore, Page, Resolution};
 use super::{
     Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Held, Record, RecordStatus,
-    Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
+    Renewal, Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -123,6 +123,23 @@ impl Store for MemoryStore {
                         record.status = c.status;
                         record.result = Some(c.result.to_vec());
                         record.expires_at = after(c.now, c.ttl);
+                        Fenced::Applied
+                    }
+                    _ => Fenced::Lost,
+                },
+            )
+        })
+    }
+
+    fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            self.with(
+                |tenants| match tenants.get_mut(r.tenant).and_then(|t| t.get_mut(&r.key)) {
+                    Some(record)
+                        if record.token == r.token && record.status == RecordStatus::InFlight =>
+                    {
+                        record.lease_expires_at = after(r.now, r.lease);
+                        record.expires_at = record.expires_at.max(record.lease_expires_at);
                         Fenced::Applied
                     }
                     _ => Fenced::Lost,

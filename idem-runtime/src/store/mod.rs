@@ -1,7 +1,7 @@
 //! Stores: where claims and results live.
 //!
-//! [`Store`] is the small async trait every backend implements: claim, complete, release,
-//! lookup, purge and a health check. The decision of a claim is made by one function,
+//! [`Store`] is the small async trait every backend implements: claim, complete, renew,
+//! release, lookup, purge and a health check. The decision of a claim is made by one function,
 //! [`decide`], that every backend calls on the record it holds, inside its own atomic section,
 //! so the table below is written once:
 //!
@@ -14,8 +14,8 @@
 //! | `in_flight`, lease lapsed | same fingerprint | by [`Orphans`]: [`Claim::Acquired`] with `takeover` and a new token, or marked `unknown` and [`Claim::Unknown`] |
 //! | `unknown` | same fingerprint | by [`Orphans`]: taken over for the tool's state check, or [`Claim::Unknown`] |
 //!
-//! Completion and release are fenced: they apply only while the record still carries the
-//! caller's [`FencingToken`] and is `in_flight`. A completion settles the record as
+//! Completion, renewal and release are fenced: they apply only while the record still carries
+//! the caller's [`FencingToken`] and is `in_flight`. A completion settles the record as
 //! `completed` (its result replays) or `unknown` (the effect may have happened; the key stays
 //! blocked until a state check or an operator decides).
 
@@ -156,6 +156,26 @@ pub struct Completion<'a> {
     pub now: UnixMillis,
     /// The record lives this long after completion.
     pub ttl: Duration,
+}
+
+/// A fenced renewal: extend the lease of `key` to `now + lease` if `token` still owns it and
+/// it is still `in_flight`.
+///
+/// The runtime renews the lease of a running body every third of its lease, so a body that runs
+/// longer than its lease is never taken over while its process lives. A renewal also keeps the
+/// record alive at least as long as its lease (a body running past its TTL is not forgotten).
+#[derive(Debug, Clone, Copy)]
+pub struct Renewal<'a> {
+    /// The tenant.
+    pub tenant: &'a str,
+    /// The key.
+    pub key: IdempotencyKey,
+    /// The token the claim returned.
+    pub token: FencingToken,
+    /// The caller's clock.
+    pub now: UnixMillis,
+    /// The lease from `now`.
+    pub lease: Duration,
 }
 
 /// Whether a fenced write applied.
@@ -337,6 +357,10 @@ pub trait Store: Send + Sync {
     /// Stores the result of a claimed key, if the token still owns it.
     fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced>;
 
+    /// Extends the lease of a claimed `in_flight` record, if the token still owns it: the lease
+    /// lapses at `now + lease`, and the record expires no earlier than that.
+    fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced>;
+
     /// Deletes a claimed record, if the token still owns it, so the key is new again.
     fn release<'a>(
         &'a self,
@@ -373,6 +397,9 @@ macro_rules! forward_store {
             }
             fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced> {
                 (**self).complete(completion)
+            }
+            fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+                (**self).renew(renewal)
             }
             fn release<'a>(
                 &'a self,

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem::store::memory::MemoryStore;
 use idem::store::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Store, StoreFuture, StoreHealth,
-    UnixMillis,
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
+    StoreHealth, UnixMillis,
 };
 use idem::{IdempotencyKey, StoreError, StoreErrorKind};
 
@@ -67,6 +67,9 @@ impl Store for DownStore {
     fn complete<'a>(&'a self, _: Completion<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async { Err(down()) })
     }
+    fn renew<'a>(&'a self, _: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async { Err(down()) })
+    }
     fn release<'a>(
         &'a self,
         _: &'a str,
@@ -87,13 +90,14 @@ impl Store for DownStore {
 }
 
 /// A memory store that counts the operations it is asked for, and can be told to fail
-/// completions (a store that goes down while the body runs) or the next claims of tools
+/// completions (a store that goes down while the body runs), renewals, or the next claims of tools
 /// (dead-letter writes, of the retry executor, still go through).
 #[derive(Default)]
 pub struct CountingStore {
     pub inner: MemoryStore,
     pub operations: AtomicUsize,
     pub fail_completions: std::sync::atomic::AtomicBool,
+    pub fail_renewals: std::sync::atomic::AtomicBool,
     pub fail_claims: AtomicUsize,
 }
 
@@ -128,6 +132,13 @@ impl Store for CountingStore {
             return Box::pin(async { Err(down()) });
         }
         self.inner.complete(c)
+    }
+    fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+        self.tick();
+        if self.fail_renewals.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(down()) });
+        }
+        self.inner.renew(r)
     }
     fn release<'a>(
         &'a self,

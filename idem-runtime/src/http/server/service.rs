@@ -258,12 +258,25 @@ impl Config {
         ResB: Body<Data = Bytes>,
         ResB::Error: Into<BoxError>,
     {
-        let answered = match std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
-            Ok(()) => inner.call(req).await,
-            Err(e) => Err(e),
-        };
-        let response = match answered {
-            Ok(response) => response,
+        // The handler runs, and its response body is produced, under the claim's lease,
+        // renewed all along.
+        let answered = claimed
+            .hold(async {
+                match std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+                    Ok(()) => match inner.call(req).await {
+                        Ok(response) => {
+                            let (parts, body) = response.into_parts();
+                            let collected = body.collect().await.map(|c| c.to_bytes());
+                            Ok((parts, collected.map_err(drop)))
+                        }
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                }
+            })
+            .await;
+        let (parts, collected) = match answered {
+            Ok(answer) => answer,
             Err(_) => {
                 let _ = claimed.release().await;
                 return unwrap_full(self.problem(
@@ -272,9 +285,8 @@ impl Config {
                 ));
             }
         };
-        let (parts, body) = response.into_parts();
-        let body = match body.collect().await {
-            Ok(collected) => collected.to_bytes(),
+        let body = match collected {
+            Ok(body) => body,
             Err(_) => {
                 // The handler ran but its answer broke off: the key stays held (the lease
                 // protects it) rather than inviting a second run.

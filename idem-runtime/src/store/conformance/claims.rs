@@ -4,9 +4,12 @@
 use std::sync::Arc;
 
 use super::{
-    LEASE, T0, TTL, acquire, claim, completion, fp, key, ms, status_of, tenant, with_orphans,
+    LEASE, T0, TTL, acquire, claim, completion, fp, key, ms, renewal, status_of, tenant,
+    with_orphans,
 };
-use crate::store::{Claim, Completion, Fenced, FencingToken, Orphans, RecordStatus, Store};
+use crate::store::{
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, RecordStatus, Store,
+};
 
 /// A new key is acquired; the same call meanwhile is in flight; completion makes it a replay.
 pub async fn acquire_complete_replay(store: Arc<dyn Store>) {
@@ -169,6 +172,138 @@ pub async fn lapsed_lease_is_taken_over_and_fenced(store: Arc<dyn Store>) {
         Claim::Completed {
             result: b"owner".to_vec()
         }
+    );
+}
+
+/// A renewal moves the lease of its own `in_flight` record to `now + lease` (and the record's
+/// expiry with it, when the TTL would end first); it is fenced like a completion: another
+/// token, a settled record, a record taken over or marked `unknown` are [`Fenced::Lost`].
+pub async fn renewal_extends_the_lease_and_is_fenced(store: Arc<dyn Store>) {
+    let t = tenant();
+    let k = key(&t, 1);
+    let zombie = acquire(&*store, claim(&t, k, fp(1), T0)).await;
+    let renewed_at = T0 + ms(LEASE) * 2 / 3;
+    assert_eq!(
+        store
+            .renew(renewal(&t, k, zombie, renewed_at))
+            .await
+            .expect("renew"),
+        Fenced::Applied,
+        "the owner renews its lease"
+    );
+    assert_eq!(
+        store
+            .claim(claim(&t, k, fp(1), T0 + ms(LEASE) + 1))
+            .await
+            .expect("claim"),
+        Claim::InFlight {
+            lease_expires_at: renewed_at + ms(LEASE)
+        },
+        "a renewed lease holds past the first one"
+    );
+    assert_eq!(
+        store
+            .renew(renewal(&t, k, FencingToken::generate(), renewed_at + 1))
+            .await
+            .expect("renew"),
+        Fenced::Lost,
+        "another token cannot renew"
+    );
+    let late = renewed_at + ms(LEASE) + 5;
+    assert_eq!(
+        store
+            .renew(renewal(&t, k, zombie, late))
+            .await
+            .expect("renew"),
+        Fenced::Applied,
+        "a lapsed lease nobody took over is still the owner's"
+    );
+    let lapse = late + ms(LEASE);
+    let owner = acquire(&*store, claim(&t, k, fp(1), lapse)).await;
+    assert_eq!(
+        store
+            .renew(renewal(&t, k, zombie, lapse + 1))
+            .await
+            .expect("renew"),
+        Fenced::Lost,
+        "a lease taken over cannot be renewed by the zombie"
+    );
+    assert_eq!(
+        store
+            .complete(completion(&t, k, owner, b"done", lapse + 2))
+            .await
+            .expect("complete"),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store
+            .renew(renewal(&t, k, owner, lapse + 3))
+            .await
+            .expect("renew"),
+        Fenced::Lost,
+        "a completed record has no lease"
+    );
+    assert_eq!(
+        store
+            .claim(claim(&t, k, fp(1), lapse + 4))
+            .await
+            .expect("claim"),
+        Claim::Completed {
+            result: b"done".to_vec()
+        },
+        "a refused renewal changes nothing"
+    );
+
+    // A TTL shorter than the lease: the renewal keeps the record as long as its lease.
+    let short = key(&t, 2);
+    let ttl = LEASE / 3;
+    let token = acquire(
+        &*store,
+        ClaimRequest {
+            ttl,
+            ..claim(&t, short, fp(1), T0)
+        },
+    )
+    .await;
+    assert_eq!(
+        store
+            .renew(renewal(&t, short, token, T0 + 1))
+            .await
+            .expect("renew"),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store
+            .claim(claim(&t, short, fp(1), T0 + ms(ttl) + 1))
+            .await
+            .expect("claim"),
+        Claim::InFlight {
+            lease_expires_at: T0 + 1 + ms(LEASE)
+        },
+        "a renewed record outlives its TTL while its lease holds"
+    );
+
+    // A lapsed record turned `unknown` by a blocking claim is nobody's to renew.
+    let blocked = key(&t, 3);
+    let token = acquire(&*store, claim(&t, blocked, fp(1), T0)).await;
+    let after_lapse = T0 + ms(LEASE) + 1;
+    assert_eq!(
+        store
+            .claim(with_orphans(
+                claim(&t, blocked, fp(1), after_lapse),
+                Orphans::Block
+            ))
+            .await
+            .expect("claim"),
+        Claim::Unknown
+    );
+    assert_eq!(
+        store
+            .renew(renewal(&t, blocked, token, after_lapse + 1))
+            .await
+            .expect("renew"),
+        Fenced::Lost,
+        "an `unknown` record cannot be renewed"
     );
 }
 

@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyPart, derive_key};
-use crate::store::{Claim, ClaimRequest, Completion, FencingToken, Orphans, RecordStatus, Store};
+use crate::store::{
+    Claim, ClaimRequest, Completion, FencingToken, Orphans, RecordStatus, Renewal, Store,
+};
 
 mod admin;
 mod claims;
@@ -37,6 +39,7 @@ macro_rules! store_conformance_tests {
             acquire_complete_replay,
             mismatch_is_checked_first,
             lapsed_lease_is_taken_over_and_fenced,
+            renewal_extends_the_lease_and_is_fenced,
             blocked_orphans_become_unknown,
             unknown_records_block_until_reconciled,
             release_is_fenced_and_frees_the_key,
@@ -152,6 +155,16 @@ fn completion<'a>(
         result,
         now,
         ttl: TTL,
+    }
+}
+
+fn renewal(tenant: &str, key: IdempotencyKey, token: FencingToken, now: u64) -> Renewal<'_> {
+    Renewal {
+        tenant,
+        key,
+        token,
+        now,
+        lease: LEASE,
     }
 }
 

@@ -29,6 +29,7 @@ pub(super) struct Sql {
     /// The whole decision table: the schema's function `idem_claim`.
     pub(super) claim: String,
     pub(super) complete: String,
+    pub(super) renew: String,
     pub(super) release: String,
     pub(super) lookup: String,
     pub(super) scan: String,
@@ -68,6 +69,11 @@ impl Sql {
             ),
             complete: format!(
                 "UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
+                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
+                 RETURNING 1"
+            ),
+            renew: format!(
+                "UPDATE {t} SET lease_expires_at = $4, expires_at = GREATEST(expires_at, $4) \
                  WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
                  RETURNING 1"
             ),

@@ -45,8 +45,8 @@ use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
 use crate::store::replay_cache::ReplayCache;
 use crate::store::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, Store, StoreFuture,
-    StoreHealth, UnixMillis, after,
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, Renewal, Store,
+    StoreFuture, StoreHealth, UnixMillis, after,
 };
 
 mod admin;
@@ -326,6 +326,27 @@ impl Store for PostgresStore {
                 r.token == c.token && r.status == c.status && r.result.as_deref() == Some(c.result)
             });
             Ok(if ours { Fenced::Applied } else { Fenced::Lost })
+        })
+    }
+
+    fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let (key, token) = (&r.key.as_bytes()[..], r.token.get() as i64);
+            let lease_expires_at = db_time(after(r.now, r.lease));
+            let renewed = self
+                .query(
+                    "renew",
+                    &self.inner.sql.renew,
+                    &[&r.tenant, &key, &token, &lease_expires_at],
+                )
+                .await?;
+            // Sent twice after a lost answer, a renewal still finds its own token: it is safe
+            // to repeat.
+            Ok(if renewed.is_empty() {
+                Fenced::Lost
+            } else {
+                Fenced::Applied
+            })
         })
     }
 

@@ -11,8 +11,8 @@ use super::{
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
 use crate::store::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Store,
-    StoreFuture, StoreHealth, UnixMillis, after,
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Renewal,
+    Store, StoreFuture, StoreHealth, UnixMillis, after,
 };
 
 /// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight,
@@ -65,6 +65,20 @@ if string.sub(v, 33, 33) ~= 'i' then
 end
 redis.call('SET', k, string.sub(v, 1, 32) .. ARGV[5] .. ARGV[3] .. string.sub(v, 50, head)
   .. ARGV[2], 'PX', ARGV[4])
+return 1
+";
+
+/// 1: renewed, 0: lost. ARGV: token, lease expiry, lease in ms. A record that would expire
+/// before its new lease lapses lives as long as the lease.
+pub(super) const RENEW: &str = r"
+local k = KEYS[1]
+local v = redis.call('GET', k)
+if not v or string.sub(v, 33, 33) ~= 'i' or string.sub(v, 82, 100) ~= ARGV[1] then return 0 end
+if tonumber(string.sub(v, 34, 49)) < tonumber(ARGV[2]) then
+  redis.call('SET', k, string.sub(v, 1, 33) .. ARGV[2] .. ARGV[2] .. string.sub(v, 66), 'PX', ARGV[3])
+else
+  redis.call('SET', k, string.sub(v, 1, 49) .. ARGV[2] .. string.sub(v, 66), 'KEEPTTL')
+end
 return 1
 ";
 
@@ -262,6 +276,31 @@ impl Store for RedisStore {
                 )
                 .await?;
             Ok(if applied == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            })
+        })
+    }
+
+    fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let token = token_arg(r.token);
+            let lease_expires_at = time_arg(after(r.now, r.lease));
+            let lease = millis_arg(r.lease);
+            let renewed: i64 = self
+                .invoke(
+                    "renew",
+                    &self.scripts.renew,
+                    &[&self.record_key(r.tenant, &r.key)],
+                    &[
+                        token.as_bytes(),
+                        lease_expires_at.as_bytes(),
+                        lease.as_bytes(),
+                    ],
+                )
+                .await?;
+            Ok(if renewed == 1 {
                 Fenced::Applied
             } else {
                 Fenced::Lost

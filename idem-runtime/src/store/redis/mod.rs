@@ -9,8 +9,8 @@
 //!   (an expired record, a lapsed lease, an orphan to mark `unknown`) and every claim on a server
 //!   before 7.0 is a Lua script, which Redis runs atomically: the decision table of [`decide`](crate::store::decide)
 //!   (after the plain command, that is a second round trip, taken only by orphans and records
-//!   the caller's clock holds expired). The completion and the release are scripts too (a token
-//!   check, then the write).
+//!   the caller's clock holds expired). The completion, the renewal of a lease and the release
+//!   are scripts too (a token check, then the write).
 //! - **Records expire on their own.** Each record is one string (see the layout below) with a
 //!   Redis expiry equal to its TTL (from the claim, then from the completion); nothing needs
 //!   purging.
@@ -71,7 +71,7 @@ pub use self::options::RedisOptions;
 pub use self::record::SCHEMA_VERSION;
 
 use self::admin::RESOLVE;
-use self::claim::{CLAIM, COMPLETE, RELEASE};
+use self::claim::{CLAIM, COMPLETE, RELEASE, RENEW};
 
 const BACKEND: &str = "redis";
 
@@ -90,6 +90,7 @@ pub struct RedisStore {
 struct Scripts {
     claim: Script,
     complete: Script,
+    renew: Script,
     release: Script,
     resolve: Script,
 }
@@ -210,6 +211,7 @@ impl RedisStore {
             scripts: std::sync::Arc::new(Scripts {
                 claim: Script::new(CLAIM),
                 complete: Script::new(COMPLETE),
+                renew: Script::new(RENEW),
                 release: Script::new(RELEASE),
                 resolve: Script::new(RESOLVE),
             }),

@@ -43,6 +43,12 @@ pub(super) enum Op {
         result: Vec<u8>,
         expires_at: UnixMillis,
     },
+    Renew {
+        tenant: String,
+        key: IdempotencyKey,
+        token: FencingToken,
+        lease_expires_at: UnixMillis,
+    },
     Release {
         tenant: String,
         key: IdempotencyKey,
@@ -238,11 +244,30 @@ pub(super) fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, Sto
                     ])
                 })
                 .map_err(|e| sql_error("complete", e))?;
-            Ok(Reply::Fenced(if n == 1 {
-                Fenced::Applied
-            } else {
-                Fenced::Lost
-            }))
+            Ok(fenced(n))
+        }
+        Op::Renew {
+            tenant,
+            key,
+            token,
+            lease_expires_at,
+        } => {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE idem_records SET lease_expires_at = ?4, \
+                     expires_at = max(expires_at, ?4) \
+                     WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        tenant,
+                        &key.as_bytes()[..],
+                        token.get() as i64,
+                        db_time(lease_expires_at),
+                    ])
+                })
+                .map_err(|e| sql_error("renew", e))?;
+            Ok(fenced(n))
         }
         Op::Release { tenant, key, token } => {
             let n = tx
@@ -254,22 +279,14 @@ pub(super) fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, Sto
                     s.execute(params![tenant, &key.as_bytes()[..], token.get() as i64])
                 })
                 .map_err(|e| sql_error("release", e))?;
-            Ok(Reply::Fenced(if n == 1 {
-                Fenced::Applied
-            } else {
-                Fenced::Lost
-            }))
+            Ok(fenced(n))
         }
         Op::Delete { tenant, key } => {
             let n = tx
                 .prepare_cached("DELETE FROM idem_records WHERE tenant = ?1 AND key = ?2")
                 .and_then(|mut s| s.execute(params![tenant, &key.as_bytes()[..]]))
                 .map_err(|e| sql_error("delete", e))?;
-            Ok(Reply::Fenced(if n == 1 {
-                Fenced::Applied
-            } else {
-                Fenced::Lost
-            }))
+            Ok(fenced(n))
         }
         Op::Resolve {
             tenant,
@@ -292,11 +309,7 @@ pub(super) fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, Sto
                     .and_then(|mut s| s.execute(params![tenant, key, db_time(now)])),
             }
             .map_err(|e| sql_error("resolve", e))?;
-            Ok(Reply::Fenced(if n == 1 {
-                Fenced::Applied
-            } else {
-                Fenced::Lost
-            }))
+            Ok(fenced(n))
         }
         Op::Purge { now, limit } => {
             let n = tx
@@ -309,6 +322,15 @@ pub(super) fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, Sto
             Ok(Reply::Purged(n))
         }
     }
+}
+
+/// A fenced write's answer from the number of rows it changed.
+fn fenced(rows: usize) -> Reply {
+    Reply::Fenced(if rows == 1 {
+        Fenced::Applied
+    } else {
+        Fenced::Lost
+    })
 }
 
 /// A row of [`RECORD_COLUMNS`].

@@ -36,8 +36,8 @@ use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
 use crate::store::replay_cache::ReplayCache;
 use crate::store::{
-    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Record, RecordStatus, Store,
-    StoreFuture, StoreHealth, UnixMillis, after, decide,
+    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Record, RecordStatus, Renewal,
+    Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
 };
 
 mod admin;
@@ -250,6 +250,18 @@ impl Store for SqliteStore {
                 status: c.status,
                 result: c.result.to_vec(),
                 expires_at: after(c.now, c.ttl),
+            };
+            self.write_fenced(op).await
+        })
+    }
+
+    fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let op = Op::Renew {
+                tenant: r.tenant.to_owned(),
+                key: r.key,
+                token: r.token,
+                lease_expires_at: after(r.now, r.lease),
             };
             self.write_fenced(op).await
         })
