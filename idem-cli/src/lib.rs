@@ -296,6 +296,7 @@ async fn doctor(store: &dyn AdminStore, json: bool) -> Result<ExitCode, Failure>
                 "expected_schema_version": health.expected_schema_version,
                 "durable": health.durable,
                 "detail": health.detail,
+                "encrypted": health.encrypted,
                 "clock_skew_ms": skew,
                 "problems": problems,
             })
@@ -316,6 +317,11 @@ async fn doctor(store: &dyn AdminStore, json: bool) -> Result<ExitCode, Failure>
                 (false, None) => "NOT durable".to_owned(),
             }
         );
+        match health.encrypted {
+            Some(true) => println!("connection   encrypted (TLS)"),
+            Some(false) => println!("connection   NOT encrypted (plain text)"),
+            None => {}
+        }
         match skew {
             Some(ms) => println!(
                 "clock        {ms:+} ms against the server{}",

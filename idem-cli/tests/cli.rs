@@ -136,6 +136,11 @@ async fn every_subcommand(url: &str, backend: &str) {
     ))
     .unwrap();
     assert_eq!(doctor["schema_version"], 2);
+    match backend {
+        "sqlite" => assert!(doctor["encrypted"].is_null(), "{doctor}"),
+        "redis" => assert_eq!(doctor["encrypted"], false, "{doctor}"),
+        _ => assert!(doctor["encrypted"].is_boolean(), "{doctor}"),
+    }
     if backend != "sqlite" {
         assert!(doctor["clock_skew_ms"].is_i64(), "{doctor}");
     }

@@ -470,7 +470,11 @@ fn main() {
             let run = uuid::Uuid::new_v4().simple().to_string();
             let (ours, theirs) = (format!("idem_bench_{run}"), format!("idem_bench_raw_{run}"));
             let server = url.split('?').next().unwrap().to_owned();
-            let url = with_option(url, &format!("schema={ours}"));
+            // Plain text on both sides: the raw baseline connects without TLS.
+            let url = with_option(
+                &with_option(url, "sslmode=disable"),
+                &format!("schema={ours}"),
+            );
             let raw = Arc::new(rt.block_on(RawPostgres::connect(&server, &theirs, 8)));
             replay(&mut c, "postgres", &url, &raw, &rt);
             fresh(&mut c, "postgres", &url, &raw, &rt);

@@ -208,6 +208,7 @@ impl Store for MemoryStore {
     fn health(&self) -> StoreFuture<'_, StoreHealth> {
         Box::pin(async move {
             self.with(|_| StoreHealth {
+                encrypted: None,
                 backend: "memory",
                 schema_version: SCHEMA_VERSION,
                 expected_schema_version: SCHEMA_VERSION,

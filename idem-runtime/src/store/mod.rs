@@ -263,6 +263,9 @@ pub struct StoreHealth {
     /// Why the store is not durable, in the operator's terms (`None` when it is, or when the
     /// backend has nothing to add).
     pub detail: Option<String>,
+    /// Whether the connections to the store are encrypted (TLS); `None` for a store without a
+    /// network connection, or one that cannot tell (a connection handed in by its owner).
+    pub encrypted: Option<bool>,
 }
 
 /// What a claim does to the record it finds: the decision table of the contract, in one place.

@@ -15,8 +15,8 @@
 //! - **Durable claims.** The claim commits before [`Claim::Acquired`] is answered; with the
 //!   server's defaults (`fsync=on`, `synchronous_commit=on`) that commit survives a crash of
 //!   the server. [`StoreHealth::durable`] reports the server's settings.
-//! - **Fenced writes.** Completion and release apply only while the record carries the caller's
-//!   token.
+//! - **Fenced writes.** Completion, lease renewal and release apply only while the record
+//!   carries the caller's token.
 //! - **Connection loss is survivable.** Connections come from a pool (broken ones are replaced);
 //!   a claim, completion or release whose connection broke before the answer is sent again once
 //!   on a new connection, and each is written so that sending it twice is harmless (a claim
@@ -29,17 +29,20 @@
 //! options tokio-postgres knows (`connect_timeout` in seconds, `application_name`, …) and these:
 //! `schema` (an identifier, default `public`), `pool_size` (default 16), `pool_timeout_ms`
 //! (waiting for a connection, default 5000), `statement_timeout_ms` (default 10000; 0 turns it
-//! off), `replay_cache` (entries, default 1024, 0 turns it off). TLS is not supported by this
-//! build: use it on a private network or a loopback/socket connection.
+//! off), `replay_cache` (entries, default 1024, 0 turns it off), and the libpq TLS options
+//! `sslmode` (`disable`, `prefer` (default), `require`, `verify-ca`, `verify-full`),
+//! `sslrootcert` (a PEM file of trusted roots, or `system`, the default), `sslcert` and `sslkey`
+//! (a client certificate): see [`TlsOptions`]. A pool you already have is used with
+//! [`PostgresStore::from_pool`].
 
 use std::time::Duration;
 
 use deadpool_postgres::{
     Manager, ManagerConfig, Pool, PoolError, QueueMode, RecyclingMethod, Runtime,
 };
+use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
 
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -53,9 +56,15 @@ mod admin;
 mod claim;
 mod options;
 mod schema;
+mod tls;
+
+/// The pool crate of [`PostgresStore::from_pool`], re-exported so that your pool and idem's
+/// name the same version.
+pub use deadpool_postgres;
 
 pub use self::options::PostgresOptions;
 pub use self::schema::SCHEMA_VERSION;
+pub use self::tls::{SslMode, TlsOptions};
 
 use self::claim::{Sql, decode_claim, decode_record};
 
@@ -71,6 +80,20 @@ struct Inner {
     pool: Pool,
     sql: Sql,
     replays: ReplayCache,
+    /// Whether connections are encrypted, as far as this store knows (see [`Store::health`]).
+    encryption: Encryption,
+}
+
+/// What the store knows of its connections' encryption.
+enum Encryption {
+    /// `sslmode=disable`.
+    Never,
+    /// `require` and stronger: no connection exists without TLS.
+    Always,
+    /// `prefer`: encrypted if the server agreed to TLS, as the connector counts.
+    IfOffered(tls::Connector),
+    /// A pool handed in by its owner, connected as it chose.
+    Unknown,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -83,8 +106,44 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
+/// The TLS error under a driver error, if the handshake is what failed.
+fn tls_failure(e: &tokio_postgres::Error) -> Option<String> {
+    let mut source = std::error::Error::source(e);
+    while let Some(error) = source {
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        if let Some(tls) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls.to_string());
+        }
+        source = error.source();
+    }
+    None
+}
+
 /// Classifies a driver error; the driver's own text stays in `source()`.
 fn pg_error(op: &str, e: tokio_postgres::Error) -> StoreError {
+    if let Some(tls) = tls_failure(&e) {
+        let cause = format!(
+            "{op}: the TLS handshake failed ({tls}): check `sslrootcert` (the CA) and the host \
+             name in the URL against the server's certificate"
+        );
+        return StoreError::with_source(BACKEND, StoreErrorKind::Unavailable, cause, e);
+    }
+    if e.code() == Some(&SqlState::INVALID_AUTHORIZATION_SPECIFICATION)
+        && e.as_db_error()
+            .is_some_and(|db| db.message().contains("no encryption"))
+    {
+        let cause = format!(
+            "{op}: the server accepts only encrypted connections: set `sslmode=require` or \
+             stronger"
+        );
+        return StoreError::with_source(BACKEND, StoreErrorKind::Unavailable, cause, e);
+    }
     let (kind, cause) = match e.code() {
         Some(code)
             if *code == SqlState::UNDEFINED_TABLE || *code == SqlState::UNDEFINED_FUNCTION =>
@@ -197,9 +256,18 @@ fn bytes32(op: &str, bytes: &[u8]) -> Result<[u8; 32], StoreError> {
 impl PostgresStore {
     /// Connects, and creates or checks the schema.
     pub async fn open(options: PostgresOptions) -> Result<Self, StoreError> {
+        let connector = options
+            .tls
+            .connector()
+            .map_err(|reason| StoreError::new(BACKEND, StoreErrorKind::Other, reason))?;
+        let encryption = match options.tls.mode {
+            SslMode::Disable => Encryption::Never,
+            SslMode::Prefer => Encryption::IfOffered(connector.clone()),
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => Encryption::Always,
+        };
         let manager = Manager::from_config(
             options.config.clone(),
-            NoTls,
+            connector,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -221,6 +289,42 @@ impl PostgresStore {
                 pool,
                 sql: Sql::new(&options.schema),
                 replays: ReplayCache::new(options.replay_cache),
+                encryption,
+            }),
+        };
+        store.migrate(&options.schema).await?;
+        Ok(store)
+    }
+
+    /// A store over a pool you already have (its connections, TLS and timeouts are yours):
+    /// idem's tables are created or checked in `options.schema` exactly as [`PostgresStore::open`]
+    /// does, and a schema written by a newer idem is refused. Of `options`, only `schema` and
+    /// `replay_cache` apply. Build the pool with the [`deadpool_postgres`] this module re-exports,
+    /// so that both name the same version.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::store::postgres::{PostgresOptions, PostgresStore, deadpool_postgres};
+    ///
+    /// let mut config = deadpool_postgres::Config::new();
+    /// config.url = Some("postgres://app@db.internal/app".into());
+    /// let pool = config.create_pool(
+    ///     Some(deadpool_postgres::Runtime::Tokio1),
+    ///     tokio_postgres::NoTls,
+    /// )?;
+    /// let mut options = PostgresOptions::default();
+    /// options.schema = "idem".into();
+    /// let store = PostgresStore::from_pool(pool, options).await?;
+    /// let idem = idem_runtime::Idem::with_store(store);
+    /// # let _ = idem; Ok(()) }
+    /// ```
+    pub async fn from_pool(pool: Pool, options: PostgresOptions) -> Result<Self, StoreError> {
+        let store = PostgresStore {
+            inner: std::sync::Arc::new(Inner {
+                pool,
+                sql: Sql::new(&options.schema),
+                replays: ReplayCache::new(options.replay_cache),
+                encryption: Encryption::Unknown,
             }),
         };
         store.migrate(&options.schema).await?;
@@ -411,8 +515,15 @@ impl Store for PostgresStore {
                 .map_err(|e| pg_error(OP, e))?;
             let (fsync, commit): (String, String) = (settings.get(0), settings.get(1));
             let durable = fsync == "on" && commit != "off";
+            let encrypted = match &self.inner.encryption {
+                Encryption::Never => Some(false),
+                Encryption::Always => Some(true),
+                Encryption::IfOffered(connector) => Some(connector.handshakes() > 0),
+                Encryption::Unknown => None,
+            };
             Ok(StoreHealth {
                 backend: BACKEND,
+                encrypted,
                 schema_version: version.map_or(0, |v| v.max(0) as u32),
                 expected_schema_version: SCHEMA_VERSION,
                 durable,
@@ -486,5 +597,28 @@ mod tests {
         }
         crate::store_conformance_tests!(maybe: store());
         crate::admin_conformance_tests!(maybe: store());
+
+        /// The same contract on a store over a pool its user built, in a schema of its own.
+        mod own_pool {
+            async fn store() -> Option<super::super::PostgresStore> {
+                let url = crate::store::conformance::test_server_url("IDEM_TEST_POSTGRES_URL")?;
+                let mut config = deadpool_postgres::Config::new();
+                config.url = Some(url);
+                let pool = config
+                    .create_pool(
+                        Some(deadpool_postgres::Runtime::Tokio1),
+                        tokio_postgres::NoTls,
+                    )
+                    .expect("a pool");
+                let mut options = super::super::PostgresOptions::default();
+                options.schema = "idem_own_pool".into();
+                Some(
+                    super::super::PostgresStore::from_pool(pool, options)
+                        .await
+                        .expect("the schema is created through the user's pool"),
+                )
+            }
+            crate::store_conformance_tests!(maybe: store());
+        }
     }
 }

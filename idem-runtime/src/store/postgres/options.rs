@@ -1,8 +1,10 @@
 //! The options of a Postgres store and their URL form (`postgres://…?schema=…&pool_size=…`).
 
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use super::tls::{SslMode, TlsOptions};
 use crate::store::replay_cache;
 
 /// Options of a [`PostgresStore`](super::PostgresStore), usually taken from the URL.
@@ -19,20 +21,33 @@ pub struct PostgresOptions {
     pub statement_timeout: Option<Duration>,
     /// How many completed records to keep in memory for replays (0: none).
     pub replay_cache: usize,
+    /// TLS: `sslmode`, `sslrootcert`, `sslcert`, `sslkey`.
+    pub tls: TlsOptions,
 }
 
-impl PostgresOptions {
-    /// Parses a `postgres://` or `postgresql://` URL.
-    pub fn from_url(url: &str) -> Result<Self, String> {
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut options = PostgresOptions {
+/// The defaults of a URL without options; for [`PostgresStore::from_pool`](super::PostgresStore::from_pool),
+/// only `schema` and `replay_cache` matter.
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        PostgresOptions {
             config: tokio_postgres::Config::new(),
             schema: "public".into(),
             pool_size: 16,
             pool_timeout: Duration::from_secs(5),
             statement_timeout: Some(Duration::from_secs(10)),
             replay_cache: replay_cache::DEFAULT_CAPACITY,
-        };
+            tls: TlsOptions::default(),
+        }
+    }
+}
+
+impl PostgresOptions {
+    /// Parses a `postgres://` or `postgresql://` URL.
+    pub fn from_url(url: &str) -> Result<Self, String> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut options = PostgresOptions::default();
+        let mut client_cert = None;
+        let mut client_key = None;
         let millis = |name: &str, value: &str| -> Result<u64, String> {
             value.parse().map_err(|_| {
                 format!("`{name}` must be a whole number of milliseconds, not `{value}`")
@@ -66,22 +81,31 @@ impl PostgresOptions {
                 "replay_cache" => {
                     options.replay_cache = replay_cache::parse_capacity(value)?;
                 }
-                "sslmode" if value != "disable" => {
-                    return Err(
-                        "TLS is not supported by this build: use `sslmode=disable` on a \
-                                private network or a local connection"
-                            .into(),
-                    );
+                "sslmode" => options.tls.mode = SslMode::parse(value)?,
+                "sslrootcert" => {
+                    options.tls.root_cert = match value {
+                        "" => return Err("`sslrootcert` needs a file name or `system`".into()),
+                        "system" => None,
+                        path => Some(PathBuf::from(decode(path))),
+                    };
                 }
+                "sslcert" => client_cert = Some(PathBuf::from(decode(value))),
+                "sslkey" => client_key = Some(PathBuf::from(decode(value))),
                 _ => passed_on.push(pair),
             }
         }
+        options.tls.client_cert = match (client_cert, client_key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err("`sslcert` and `sslkey` go together: name both files".into()),
+        };
         let rest = if passed_on.is_empty() {
             base.to_owned()
         } else {
             format!("{base}?{}", passed_on.join("&"))
         };
         options.config = tokio_postgres::Config::from_str(&rest).map_err(|e| e.to_string())?;
+        options.config.ssl_mode(options.tls.negotiation());
         if options.config.get_connect_timeout().is_none() {
             options.config.connect_timeout(Duration::from_secs(5));
         }
@@ -100,6 +124,13 @@ impl PostgresOptions {
     }
 }
 
+/// A URL query value with its `%XX` escapes decoded (file names may hold any character).
+fn decode(value: &str) -> String {
+    percent_encoding::percent_decode_str(value)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
 pub(super) fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some('a'..='z' | '_'))
@@ -109,6 +140,8 @@ pub(super) fn is_identifier(s: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]
@@ -126,7 +159,24 @@ mod tests {
         );
         assert!(PostgresOptions::from_url("postgres://h/db?schema=Bad-Name").is_err());
         assert!(PostgresOptions::from_url("postgres://h/db?pool_size=0").is_err());
-        assert!(PostgresOptions::from_url("postgres://h/db?sslmode=require").is_err());
+        assert!(PostgresOptions::from_url("postgres://h/db?sslmode=allow").is_err());
+        assert!(PostgresOptions::from_url("postgres://h/db?sslcert=/c.pem").is_err());
+        assert_eq!(PostgresOptions::default().tls.mode, SslMode::Prefer);
+        let tls = PostgresOptions::from_url(
+            "postgres://h/db?sslmode=verify-full&sslrootcert=/etc/ca%20dir/ca.pem\
+             &sslcert=/c.pem&sslkey=/k.pem",
+        )
+        .unwrap()
+        .tls;
+        assert_eq!(tls.mode, SslMode::VerifyFull);
+        assert_eq!(
+            tls.root_cert.as_deref(),
+            Some(Path::new("/etc/ca dir/ca.pem"))
+        );
+        assert_eq!(tls.client_cert, Some(("/c.pem".into(), "/k.pem".into())));
+        let system =
+            PostgresOptions::from_url("postgres://h/db?sslmode=verify-ca&sslrootcert=system");
+        assert_eq!(system.unwrap().tls.root_cert, None);
         assert!(PostgresOptions::from_url("postgres://h/db?no_such_option=1").is_err());
     }
 }

@@ -132,9 +132,20 @@ impl PostgresStore {
             .await
             .map_err(|e| pg_error(OP, e))?;
         let quoted = format!("\"{schema}\"");
+        // A schema that exists is used as it is: creating one needs a privilege on the database
+        // that a user given its own schema need not have.
+        let exists = tx
+            .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&schema])
+            .await
+            .map_err(|e| pg_error(OP, e))?
+            .is_some();
+        if !exists {
+            tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {quoted}"))
+                .await
+                .map_err(|e| pg_error(OP, e))?;
+        }
         tx.batch_execute(&format!(
-            "CREATE SCHEMA IF NOT EXISTS {quoted};
-             CREATE TABLE IF NOT EXISTS {quoted}.idem_meta (name text PRIMARY KEY, value integer NOT NULL);"
+            "CREATE TABLE IF NOT EXISTS {quoted}.idem_meta (name text PRIMARY KEY, value integer NOT NULL);"
         ))
         .await
         .map_err(|e| pg_error(OP, e))?;

@@ -392,6 +392,8 @@ impl Store for RedisStore {
                 ),
             };
             Ok(StoreHealth {
+                // `rediss://` is refused at open: every connection is plain.
+                encrypted: Some(false),
                 backend: BACKEND,
                 schema_version: version,
                 expected_schema_version: SCHEMA_VERSION,

@@ -330,6 +330,7 @@ impl Store for SqliteStore {
                     .query_row("PRAGMA synchronous", [], |r| r.get(0))
                     .map_err(|e| sql_error("reading synchronous", e))?;
                 Ok(StoreHealth {
+                    encrypted: None,
                     backend: BACKEND,
                     schema_version: u32::try_from(version).unwrap_or(0),
                     expected_schema_version: SCHEMA_VERSION,
