@@ -230,3 +230,85 @@ impl Drop for PrivateRedis {
         self.kill();
     }
 }
+
+/// A throwaway PgBouncer in `pool_mode = transaction` in front of the Postgres server `upstream`
+/// names (host, port, database, user), with `pool_size` server connections for every client.
+///
+/// It runs under a shell that kills it when its standard input closes, which happens when the
+/// test process exits, however it exits: a test binary may keep one in a `static`.
+pub struct PrivateBouncer {
+    pub port: u16,
+    _dir: tempfile::TempDir,
+    _watch: Child,
+}
+
+impl PrivateBouncer {
+    pub fn start(upstream: &str, pool_size: usize) -> Self {
+        let config: tokio_postgres::Config = upstream.parse().expect("a Postgres URL");
+        let host = match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+            other => panic!("PgBouncer forwards to a TCP host, not {other:?}"),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let database = config
+            .get_dbname()
+            .expect("a database in the URL")
+            .to_owned();
+        let user = config.get_user().expect("a user in the URL").to_owned();
+        let dir = tempfile::tempdir().unwrap();
+        let listen = free_port();
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        std::fs::write(
+            dir.path().join("pgbouncer.ini"),
+            format!(
+                "[databases]\n{database} = host={host} port={port} dbname={database} user={user}\n\
+                 [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\n\
+                 unix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
+                 pool_mode = transaction\ndefault_pool_size = {pool_size}\n\
+                 max_client_conn = 500\nlog_connections = 0\nlog_disconnections = 0\n\
+                 logfile = {}\npidfile = {}\n",
+                path("userlist.txt"),
+                path("pgbouncer.log"),
+                path("pgbouncer.pid"),
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("userlist.txt"),
+            format!("\"{user}\" \"\"\n"),
+        )
+        .unwrap();
+        let as_user = if is_root() {
+            run(Command::new("chown")
+                .args(["-R", "postgres"])
+                .arg(dir.path()));
+            "-u postgres"
+        } else {
+            ""
+        };
+        let watch = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "pgbouncer {as_user} \"$1\" & child=$!; read _ignored; kill $child"
+            ))
+            .arg("sh")
+            .arg(dir.path().join("pgbouncer.ini"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            // Its log goes to `pgbouncer.log` as well.
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("pgbouncer (Debian package pgbouncer)");
+        wait_for_port(listen, "pgbouncer");
+        PrivateBouncer {
+            port: listen,
+            _dir: dir,
+            _watch: watch,
+        }
+    }
+
+    /// The URL of `database` as `user` through the pooler.
+    pub fn url(&self, user: &str, database: &str) -> String {
+        format!("postgres://{user}@127.0.0.1:{}/{database}", self.port)
+    }
+}

@@ -26,7 +26,7 @@ impl AdminStore for PostgresStore {
             let rows = self
                 .query(
                     "reading the server's clock",
-                    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                    &self.inner.sql.server_time,
                     &[],
                 )
                 .await?;

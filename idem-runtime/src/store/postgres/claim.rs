@@ -2,6 +2,7 @@
 //! `idem_claim` function for the rest, the fenced writes; and how their rows decode.
 
 use tokio_postgres::Row;
+use tokio_postgres::types::Type;
 
 use super::{bytes32, corrupt};
 use crate::error::StoreError;
@@ -18,6 +19,34 @@ pub(super) const COLUMNS: &str = "tenant, key, tool, fingerprint, status, token,
 pub(super) const BLOCKED: &str = "tenant = $1 AND key = $2 \
      AND (status = 'unknown' OR (status = 'in_flight' AND lease_expires_at <= $3))";
 
+/// One statement and the types of its parameters. On a direct connection it is prepared once
+/// per connection and cached; through a transaction pooler, which cannot route a named
+/// statement to the server connection that prepared it, it is sent unnamed with these types
+/// (parse, bind and execute in one round trip).
+#[derive(Debug)]
+pub(super) struct Statement {
+    pub(super) sql: String,
+    pub(super) types: &'static [Type],
+}
+
+const CLAIM_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::BYTEA,
+    Type::TEXT,
+    Type::BYTEA,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT2,
+];
+const KEY_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA];
+const FENCED_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA, Type::INT8];
+
+fn statement(sql: String, types: &'static [Type]) -> Statement {
+    Statement { sql, types }
+}
+
 /// The SQL of one schema, with its name substituted once.
 #[derive(Debug)]
 pub(super) struct Sql {
@@ -25,27 +54,33 @@ pub(super) struct Sql {
     /// live record answers replay, mismatch, in flight or unknown from one snapshot. Anything
     /// else (expired, lapsed lease, this claim sent again, a concurrent insert) answers `-1` or
     /// no row, and the claim goes to [`Sql::claim`].
-    pub(super) claim_fast: String,
+    pub(super) claim_fast: Statement,
     /// The whole decision table: the schema's function `idem_claim`.
-    pub(super) claim: String,
-    pub(super) complete: String,
-    pub(super) renew: String,
-    pub(super) release: String,
-    pub(super) lookup: String,
-    pub(super) scan: String,
-    pub(super) resolve_complete: String,
-    pub(super) resolve_release: String,
-    pub(super) delete: String,
-    pub(super) purge: String,
-    pub(super) version: String,
+    pub(super) claim: Statement,
+    pub(super) complete: Statement,
+    pub(super) renew: Statement,
+    pub(super) release: Statement,
+    pub(super) lookup: Statement,
+    pub(super) scan: Statement,
+    pub(super) resolve_complete: Statement,
+    pub(super) resolve_release: Statement,
+    pub(super) delete: Statement,
+    pub(super) purge: Statement,
+    pub(super) version: Statement,
+    pub(super) server_time: Statement,
 }
 
 impl Sql {
     pub(super) fn new(schema: &str) -> Self {
         let t = format!("\"{schema}\".idem_records");
         Sql {
-            claim_fast: format!(
-                "WITH held AS (SELECT fingerprint, status, token, lease_expires_at, expires_at, \
+            server_time: statement(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint".into(),
+                &[],
+            ),
+            claim_fast: statement(
+                format!(
+                    "WITH held AS (SELECT fingerprint, status, token, lease_expires_at, expires_at, \
                  result FROM {t} WHERE tenant = $1::text AND key = $2::bytea), \
                  ins AS (INSERT INTO {t} (tenant, key, tool, fingerprint, status, token, \
                  lease_expires_at, created_at, expires_at) SELECT $1, $2, $3::text, $4::bytea, \
@@ -62,42 +97,82 @@ impl Sql {
                  WHEN h.lease_expires_at > $6 THEN 4 \
                  ELSE -1 END::smallint, NULL, h.lease_expires_at, h.expires_at, h.result \
                  FROM held h"
+                ),
+                CLAIM_TYPES,
             ),
-            claim: format!(
-                "SELECT decision, token, lease_expires_at, expires_at, result \
+            claim: statement(
+                format!(
+                    "SELECT decision, token, lease_expires_at, expires_at, result \
                  FROM \"{schema}\".idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                ),
+                CLAIM_TYPES,
             ),
-            complete: format!(
-                "UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
+            complete: statement(
+                format!(
+                    "UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
                  WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
                  RETURNING 1"
+                ),
+                &[
+                    Type::TEXT,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::TEXT,
+                ],
             ),
-            renew: format!(
-                "UPDATE {t} SET lease_expires_at = $4, expires_at = GREATEST(expires_at, $4) \
+            renew: statement(
+                format!(
+                    "UPDATE {t} SET lease_expires_at = $4, expires_at = GREATEST(expires_at, $4) \
                  WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
                  RETURNING 1"
+                ),
+                &[Type::TEXT, Type::BYTEA, Type::INT8, Type::INT8],
             ),
-            release: format!(
-                "DELETE FROM {t} WHERE tenant = $1 AND key = $2 AND token = $3 \
+            release: statement(
+                format!(
+                    "DELETE FROM {t} WHERE tenant = $1 AND key = $2 AND token = $3 \
                  AND status = 'in_flight' RETURNING 1"
+                ),
+                FENCED_TYPES,
             ),
-            lookup: format!("SELECT {COLUMNS} FROM {t} WHERE tenant = $1 AND key = $2"),
-            scan: format!(
-                "SELECT {COLUMNS} FROM {t} WHERE ($1::text IS NULL OR tenant = $1) \
+            lookup: statement(
+                format!("SELECT {COLUMNS} FROM {t} WHERE tenant = $1 AND key = $2"),
+                KEY_TYPES,
+            ),
+            scan: statement(
+                format!(
+                    "SELECT {COLUMNS} FROM {t} WHERE ($1::text IS NULL OR tenant = $1) \
                  AND (tenant, key) > ($2, $3) ORDER BY tenant, key LIMIT $4"
+                ),
+                &[Type::TEXT, Type::TEXT, Type::BYTEA, Type::INT8],
             ),
-            resolve_complete: format!(
-                "UPDATE {t} SET status = 'completed', result = $4, note = $5, token = 0 \
+            resolve_complete: statement(
+                format!(
+                    "UPDATE {t} SET status = 'completed', result = $4, note = $5, token = 0 \
                  WHERE {BLOCKED} RETURNING 1"
+                ),
+                &[Type::TEXT, Type::BYTEA, Type::INT8, Type::BYTEA, Type::TEXT],
             ),
-            resolve_release: format!("DELETE FROM {t} WHERE {BLOCKED} RETURNING 1"),
-            delete: format!("DELETE FROM {t} WHERE tenant = $1 AND key = $2 RETURNING 1"),
-            purge: format!(
-                "DELETE FROM {t} WHERE (tenant, key) IN (SELECT tenant, key FROM {t} \
+            resolve_release: statement(
+                format!("DELETE FROM {t} WHERE {BLOCKED} RETURNING 1"),
+                FENCED_TYPES,
+            ),
+            delete: statement(
+                format!("DELETE FROM {t} WHERE tenant = $1 AND key = $2 RETURNING 1"),
+                KEY_TYPES,
+            ),
+            purge: statement(
+                format!(
+                    "DELETE FROM {t} WHERE (tenant, key) IN (SELECT tenant, key FROM {t} \
                  WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1"
+                ),
+                &[Type::INT8, Type::INT8],
             ),
-            version: format!(
-                "SELECT value FROM \"{schema}\".idem_meta WHERE name = 'schema_version'"
+            version: statement(
+                format!("SELECT value FROM \"{schema}\".idem_meta WHERE name = 'schema_version'"),
+                &[],
             ),
         }
     }

@@ -42,7 +42,7 @@ use deadpool_postgres::{
 };
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -66,7 +66,7 @@ pub use self::options::PostgresOptions;
 pub use self::schema::SCHEMA_VERSION;
 pub use self::tls::{SslMode, TlsOptions};
 
-use self::claim::{Sql, decode_claim, decode_record};
+use self::claim::{Sql, Statement, decode_claim, decode_record};
 
 const BACKEND: &str = "postgres";
 
@@ -82,6 +82,8 @@ struct Inner {
     replays: ReplayCache,
     /// Whether connections are encrypted, as far as this store knows (see [`Store::health`]).
     encryption: Encryption,
+    /// Whether statements go unnamed (see [`PostgresOptions::transaction_pooler`]).
+    transaction_pooler: bool,
 }
 
 /// What the store knows of its connections' encryption.
@@ -143,6 +145,18 @@ fn pg_error(op: &str, e: tokio_postgres::Error) -> StoreError {
              stronger"
         );
         return StoreError::with_source(BACKEND, StoreErrorKind::Unavailable, cause, e);
+    }
+    if let Some(db) = e.as_db_error() {
+        let message = db.message();
+        if message.contains("unsupported startup parameter")
+            || (message.contains("prepared statement") && message.contains("exist"))
+        {
+            let cause = format!(
+                "{op}: the server is behind a transaction pooler (PgBouncer?): add \
+                 `pooler=transaction` to the URL"
+            );
+            return StoreError::with_source(BACKEND, StoreErrorKind::Other, cause, e);
+        }
     }
     let (kind, cause) = match e.code() {
         Some(code)
@@ -290,6 +304,7 @@ impl PostgresStore {
                 sql: Sql::new(&options.schema),
                 replays: ReplayCache::new(options.replay_cache),
                 encryption,
+                transaction_pooler: options.transaction_pooler,
             }),
         };
         store.migrate(&options.schema).await?;
@@ -325,6 +340,7 @@ impl PostgresStore {
                 sql: Sql::new(&options.schema),
                 replays: ReplayCache::new(options.replay_cache),
                 encryption: Encryption::Unknown,
+                transaction_pooler: options.transaction_pooler,
             }),
         };
         store.migrate(&options.schema).await?;
@@ -342,21 +358,30 @@ impl PostgresStore {
         self.inner.pool.get().await.map_err(|e| pool_error(op, e))
     }
 
-    /// Runs a prepared statement on a pooled connection and returns its rows. When the
+    /// Runs a statement on a pooled connection and returns its rows. When the
     /// connection broke under it, the connection is thrown away (never handed out again) and the
     /// statement runs once more on a new one; every statement here is safe to send twice.
     async fn query(
         &self,
         op: &str,
-        sql: &str,
+        statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StoreError> {
         let mut retried = false;
         loop {
             let client = self.client(op).await?;
-            let result = match client.prepare_cached(sql).await {
-                Ok(stmt) => client.query(&stmt, params).await,
-                Err(e) => Err(e),
+            let result = if self.inner.transaction_pooler {
+                let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
+                    .iter()
+                    .copied()
+                    .zip(statement.types.iter().cloned())
+                    .collect();
+                client.query_typed(&statement.sql, &typed).await
+            } else {
+                match client.prepare_cached(&statement.sql).await {
+                    Ok(stmt) => client.query(&stmt, params).await,
+                    Err(e) => Err(e),
+                }
             }
             .map_err(|e| pg_error(op, e));
             match result {
@@ -501,18 +526,24 @@ impl Store for PostgresStore {
         Box::pin(async move {
             const OP: &str = "health check";
             let client = self.client(OP).await?;
+            // Unnamed statements, as through a transaction pooler: the health check runs too
+            // seldom to gain from preparing.
             let version: Option<i32> = client
-                .query_opt(&self.inner.sql.version, &[])
+                .query_typed(&self.inner.sql.version.sql, &[])
                 .await
                 .map_err(|e| pg_error(OP, e))?
+                .first()
                 .map(|row| row.get(0));
             let settings = client
-                .query_one(
+                .query_typed(
                     "SELECT current_setting('fsync'), current_setting('synchronous_commit')",
                     &[],
                 )
                 .await
                 .map_err(|e| pg_error(OP, e))?;
+            let settings = settings
+                .first()
+                .ok_or_else(|| corrupt(OP, "the server answered no settings"))?;
             let (fsync, commit): (String, String) = (settings.get(0), settings.get(1));
             let durable = fsync == "on" && commit != "off";
             let encrypted = match &self.inner.encryption {
@@ -584,6 +615,36 @@ mod tests {
             Some(0),
             "its own, created now"
         );
+    }
+
+    /// Through a transaction pooler each statement is sent with its declared parameter types:
+    /// they must be the ones the server infers.
+    #[tokio::test]
+    async fn declared_parameter_types_are_the_servers() {
+        let Some(url) = crate::store::conformance::test_server_url("IDEM_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let store = PostgresStore::open_url(&url).await.expect("open");
+        let client = store.client("test").await.expect("client");
+        let sql = &store.inner.sql;
+        for statement in [
+            &sql.claim_fast,
+            &sql.claim,
+            &sql.complete,
+            &sql.renew,
+            &sql.release,
+            &sql.lookup,
+            &sql.scan,
+            &sql.resolve_complete,
+            &sql.resolve_release,
+            &sql.delete,
+            &sql.purge,
+            &sql.version,
+            &sql.server_time,
+        ] {
+            let prepared = client.prepare(&statement.sql).await.expect("prepare");
+            assert_eq!(prepared.params(), statement.types, "{}", statement.sql);
+        }
     }
 
     mod conformance {

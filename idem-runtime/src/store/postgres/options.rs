@@ -23,6 +23,11 @@ pub struct PostgresOptions {
     pub replay_cache: usize,
     /// TLS: `sslmode`, `sslrootcert`, `sslcert`, `sslkey`.
     pub tls: TlsOptions,
+    /// Whether the server is reached through a transaction pooler (PgBouncer with
+    /// `pool_mode = transaction`, Supabase's and Neon's poolers): `?pooler=transaction`. Then
+    /// no statement is prepared by name and no session setting is sent, since consecutive
+    /// statements may run on different server connections.
+    pub transaction_pooler: bool,
 }
 
 /// The defaults of a URL without options; for [`PostgresStore::from_pool`](super::PostgresStore::from_pool),
@@ -37,6 +42,7 @@ impl Default for PostgresOptions {
             statement_timeout: Some(Duration::from_secs(10)),
             replay_cache: replay_cache::DEFAULT_CAPACITY,
             tls: TlsOptions::default(),
+            transaction_pooler: false,
         }
     }
 }
@@ -46,6 +52,7 @@ impl PostgresOptions {
     pub fn from_url(url: &str) -> Result<Self, String> {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let mut options = PostgresOptions::default();
+        let mut statement_timeout_given = false;
         let mut client_cert = None;
         let mut client_key = None;
         let millis = |name: &str, value: &str| -> Result<u64, String> {
@@ -77,9 +84,22 @@ impl PostgresOptions {
                 "statement_timeout_ms" => {
                     let ms = millis(name, value)?;
                     options.statement_timeout = (ms > 0).then(|| Duration::from_millis(ms));
+                    statement_timeout_given = true;
                 }
                 "replay_cache" => {
                     options.replay_cache = replay_cache::parse_capacity(value)?;
+                }
+                "pooler" => {
+                    options.transaction_pooler = match value {
+                        "transaction" => true,
+                        "none" => false,
+                        other => {
+                            return Err(format!(
+                                "`pooler` must be `transaction` (PgBouncer's transaction mode, \
+                                 Supabase's or Neon's pooler) or `none`, not `{other}`"
+                            ));
+                        }
+                    };
                 }
                 "sslmode" => options.tls.mode = SslMode::parse(value)?,
                 "sslrootcert" => {
@@ -111,6 +131,17 @@ impl PostgresOptions {
         }
         if options.config.get_application_name().is_none() {
             options.config.application_name("idem");
+        }
+        if options.transaction_pooler {
+            if statement_timeout_given && options.statement_timeout.is_some() {
+                return Err(
+                    "`statement_timeout_ms` cannot be sent through a transaction pooler (it is a \
+                     session setting): set it on the role instead (`ALTER ROLE … SET \
+                     statement_timeout = …`)"
+                        .into(),
+                );
+            }
+            options.statement_timeout = None;
         }
         if let Some(timeout) = options.statement_timeout {
             let ours = format!("-c statement_timeout={}", timeout.as_millis());
@@ -160,6 +191,20 @@ mod tests {
         assert!(PostgresOptions::from_url("postgres://h/db?schema=Bad-Name").is_err());
         assert!(PostgresOptions::from_url("postgres://h/db?pool_size=0").is_err());
         assert!(PostgresOptions::from_url("postgres://h/db?sslmode=allow").is_err());
+        let pooled = PostgresOptions::from_url("postgres://h/db?pooler=transaction").unwrap();
+        assert!(pooled.transaction_pooler);
+        assert_eq!(pooled.statement_timeout, None);
+        assert_eq!(
+            pooled.config.get_options(),
+            None,
+            "no session setting is sent"
+        );
+        assert!(
+            PostgresOptions::from_url("postgres://h/db?pooler=transaction&statement_timeout_ms=5")
+                .unwrap_err()
+                .contains("ALTER ROLE")
+        );
+        assert!(PostgresOptions::from_url("postgres://h/db?pooler=session").is_err());
         assert!(PostgresOptions::from_url("postgres://h/db?sslcert=/c.pem").is_err());
         assert_eq!(PostgresOptions::default().tls.mode, SslMode::Prefer);
         let tls = PostgresOptions::from_url(

@@ -1,6 +1,8 @@
 //! The schema: created on open under an advisory lock (workers starting together do not race),
 //! versioned in `idem_meta`, upgraded in place; a newer one is refused untouched.
 
+use tokio_postgres::types::Type;
+
 use super::{BACKEND, PostgresStore, pg_error};
 use crate::error::{StoreError, StoreErrorKind};
 
@@ -128,18 +130,26 @@ impl PostgresStore {
         const OP: &str = "opening the store";
         let mut client = self.client(OP).await?;
         let tx = client.transaction().await.map_err(|e| pg_error(OP, e))?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await
-            .map_err(|e| pg_error(OP, e))?;
+        // Unnamed statements only (`query_typed`, `batch_execute`): a transaction pooler cannot
+        // route a named one, and a migration gains nothing from preparing.
+        tx.query_typed(
+            "SELECT pg_advisory_xact_lock($1)",
+            &[(&MIGRATION_LOCK, Type::INT8)],
+        )
+        .await
+        .map_err(|e| pg_error(OP, e))?;
         let quoted = format!("\"{schema}\"");
         // A schema that exists is used as it is: creating one needs a privilege on the database
         // that a user given its own schema need not have.
-        let exists = tx
-            .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&schema])
+        let missing = tx
+            .query_typed(
+                "SELECT 1 FROM pg_namespace WHERE nspname = $1",
+                &[(&schema, Type::NAME)],
+            )
             .await
             .map_err(|e| pg_error(OP, e))?
-            .is_some();
-        if !exists {
+            .is_empty();
+        if missing {
             tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {quoted}"))
                 .await
                 .map_err(|e| pg_error(OP, e))?;
@@ -150,9 +160,10 @@ impl PostgresStore {
         .await
         .map_err(|e| pg_error(OP, e))?;
         let found: Option<i32> = tx
-            .query_opt(&self.inner.sql.version, &[])
+            .query_typed(&self.inner.sql.version.sql, &[])
             .await
             .map_err(|e| pg_error(OP, e))?
+            .first()
             .map(|row| row.get(0));
         match found {
             Some(v) if v > SCHEMA_VERSION as i32 => {
@@ -176,12 +187,12 @@ impl PostgresStore {
                 tx.batch_execute(&SCHEMA.replace("{s}", &quoted))
                     .await
                     .map_err(|e| pg_error(OP, e))?;
-                tx.execute(
+                tx.query_typed(
                     &format!(
                         "INSERT INTO {quoted}.idem_meta (name, value) VALUES ('schema_version', $1) \
                          ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"
                     ),
-                    &[&(SCHEMA_VERSION as i32)],
+                    &[(&(SCHEMA_VERSION as i32), Type::INT4)],
                 )
                 .await
                 .map_err(|e| pg_error(OP, e))?;
