@@ -286,11 +286,12 @@ impl IdemBuilder {
     /// - `sqlite://PATH[?synchronous=full|normal&busy_timeout_ms=N]`: a file, created if missing
     ///   (`sqlite://idem.db` is relative to the working directory, `sqlite:///var/lib/idem.db`
     ///   absolute);
-    /// - `postgres://USER@HOST[:PORT]/DATABASE[?schema=NAME&pool_size=N…]` (also `postgresql://`):
-    ///   the shared store for many processes and machines (see
+    /// - `postgres://USER@HOST[:PORT]/DATABASE[?schema=NAME&pool_size=N&sslmode=…]` (also
+    ///   `postgresql://`): the shared store for many processes and machines, TLS as libpq (see
     ///   [`store::postgres`](crate::store::postgres) for every option);
-    /// - `redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME…]` (also `rediss://` is refused: no
-    ///   TLS in this build): the shared store whose records expire on their own (see
+    /// - `redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME…]`, `rediss://…` (TLS),
+    ///   `redis+cluster://HOST:PORT[,HOST:PORT…]` and `rediss+cluster://…` (a Redis Cluster):
+    ///   the shared store whose records expire on their own (see
     ///   [`store::redis`](crate::store::redis)).
     ///
     /// Passwords never appear in errors (`postgres://app:***@db/…`).

@@ -86,7 +86,6 @@ async fn without_the_pooler_option_the_error_names_it() {
     let plain = url.replace("pooler=transaction&", "");
     let error = PostgresStore::open_url(&plain)
         .await
-        .err()
-        .expect("PgBouncer refuses the session setting");
+        .expect_err("PgBouncer refuses the session setting");
     assert!(error.to_string().contains("pooler=transaction"), "{error}");
 }

@@ -1,12 +1,17 @@
-//! TLS to Postgres, against a private TLS-only server whose CA and certificates the test
-//! generates (rcgen): `verify-full` with the CA succeeds (and the health check says the
-//! connections are encrypted); the wrong CA, or a host name the certificate does not name, fail
-//! with an error that says so; `verify-ca` accepts any name under the right CA; a plain
-//! connection is refused with an error that says TLS is required; a client certificate logs in
-//! a user the server authenticates by certificate.
+//! TLS to Postgres and Redis, against private TLS-only servers whose CA and certificates the
+//! test generates (rcgen).
 //!
-//! Needs the Postgres binaries (`pg_config --bindir`); runs when `IDEM_TEST_POSTGRES_URL` says
-//! Postgres is installed here.
+//! Postgres: `verify-full` with the CA succeeds (and the health check says the connections are
+//! encrypted); the wrong CA, or a host name the certificate does not name, fail with an error
+//! that says so; `verify-ca` accepts any name under the right CA; a plain connection is refused
+//! with an error that says TLS is required; a client certificate logs in a user the server
+//! authenticates by certificate.
+//!
+//! Redis (`rediss://`): the same, with `tls_ca`, `tls_cert` and `tls_key`; there is no way to
+//! turn the certificate check off.
+//!
+//! Needs the Postgres binaries (`pg_config --bindir`) and a `redis-server` built with TLS; runs
+//! when `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL` say they are installed here.
 
 #[path = "common/servers.rs"]
 mod servers;
@@ -158,7 +163,7 @@ async fn works(url: &str) -> Option<bool> {
 
 /// The whole message of an open error, causes included.
 fn refused(result: Result<Idem, OpenError>) -> String {
-    let error = result.err().expect("the connection is refused");
+    let error = result.expect_err("the connection is refused");
     let mut text = error.to_string();
     let mut source = std::error::Error::source(&error);
     while let Some(cause) = source {
@@ -264,4 +269,124 @@ async fn sslmode_disable_on_the_shared_server_says_not_encrypted() {
         works(&format!("{url}{sep}sslmode=disable")).await,
         Some(false)
     );
+}
+
+/// A private TLS-only Redis (its certificate names `localhost` only), its port, and the PKI.
+struct TlsRedis {
+    port: u16,
+    pki: Pki,
+    _dir: tempfile::TempDir,
+    _server: std::process::Child,
+}
+
+/// Starts one for a test; `clients`: `--tls-auth-clients` (`no` or `yes`).
+fn tls_redis(clients: &str) -> Option<TlsRedis> {
+    test_server_url("IDEM_TEST_REDIS_URL")?;
+    let pki = Pki::new("idem test CA");
+    let (crt, key) = pki.issue(
+        "redis",
+        &["localhost"],
+        "localhost",
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let port = servers::free_port();
+    let args: Vec<String> = [
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--tls-port",
+        &port.to_string(),
+        "--tls-cert-file",
+        &crt.display().to_string(),
+        "--tls-key-file",
+        &key.display().to_string(),
+        "--tls-ca-cert-file",
+        &pki.ca().display().to_string(),
+        "--tls-auth-clients",
+        clients,
+        "--save",
+        "",
+        "--dir",
+        &dir.path().display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let server = servers::watched("redis-server", &args);
+    servers::wait_for_port(port, "redis-server (TLS)");
+    Some(TlsRedis {
+        port,
+        pki,
+        _dir: dir,
+        _server: server,
+    })
+}
+
+#[tokio::test]
+async fn rediss_with_the_ca_succeeds_and_the_health_check_says_encrypted() {
+    let Some(redis) = tls_redis("no") else { return };
+    let url = format!(
+        "rediss://localhost:{}/?tls_ca={}",
+        redis.port,
+        redis.pki.ca().display()
+    );
+    assert_eq!(works(&url).await, Some(true));
+}
+
+#[tokio::test]
+async fn rediss_refuses_the_wrong_ca_and_a_host_name_the_certificate_does_not_name() {
+    let Some(redis) = tls_redis("no") else { return };
+    let other = Pki::new("another CA");
+    let wrong_ca = format!(
+        "rediss://localhost:{}/?tls_ca={}",
+        redis.port,
+        other.ca().display()
+    );
+    let text = refused(Idem::open(&wrong_ca).await);
+    assert!(text.contains("TLS handshake failed"), "{text}");
+    let wrong_host = format!(
+        "rediss://127.0.0.1:{}/?tls_ca={}",
+        redis.port,
+        redis.pki.ca().display()
+    );
+    let text = refused(Idem::open(&wrong_host).await);
+    assert!(text.contains("TLS handshake failed"), "{text}");
+    // No way to turn the check off: the URL that would is refused.
+    let insecure = format!("rediss://127.0.0.1:{}/#insecure", redis.port);
+    assert!(refused(Idem::open(&insecure).await).contains("tls_ca"));
+}
+
+#[tokio::test]
+async fn plain_redis_to_a_tls_only_server_is_a_clear_error() {
+    let Some(redis) = tls_redis("no") else { return };
+    let url = format!("redis://localhost:{}/?timeout_ms=2000", redis.port);
+    let text = refused(Idem::open(&url).await);
+    assert!(text.contains("rediss://"), "{text}");
+}
+
+#[tokio::test]
+async fn a_redis_that_asks_for_a_client_certificate_takes_ours() {
+    let Some(redis) = tls_redis("yes") else {
+        return;
+    };
+    let (crt, key) = redis.pki.issue(
+        "client",
+        &[],
+        "idem-client",
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let base = format!(
+        "rediss://localhost:{}/?tls_ca={}",
+        redis.port,
+        redis.pki.ca().display()
+    );
+    let with_cert = format!(
+        "{base}&tls_cert={}&tls_key={}",
+        crt.display(),
+        key.display()
+    );
+    assert_eq!(works(&with_cert).await, Some(true));
+    refused(Idem::open(&base).await);
 }

@@ -20,7 +20,11 @@ fn schemes() -> String {
     };
     backend(cfg!(feature = "sqlite"), "sqlite://PATH", "sqlite");
     backend(cfg!(feature = "postgres"), "postgres://…", "postgres");
-    backend(cfg!(feature = "redis"), "redis://…", "redis");
+    backend(
+        cfg!(feature = "redis"),
+        "redis://…, rediss://…, redis+cluster://…",
+        "redis",
+    );
     let mut text = on.join(", ");
     if !off.is_empty() {
         text.push_str(&format!(" (enable the feature {})", off.join(", ")));
@@ -73,7 +77,7 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn AdminStore>, OpenError> {
             Ok(Arc::new(PostgresStore::open(options).await?))
         }
         #[cfg(feature = "redis")]
-        "redis" => {
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
             use super::redis::{RedisOptions, RedisStore};
             let options = RedisOptions::from_url(url).map_err(|reason| OpenError::InvalidUrl {
                 url: redact_url(url),

@@ -124,6 +124,14 @@ pub fn worker_main() {
     let step: Option<u128> = std::env::var("IDEM_RACE_STEP_MS")
         .ok()
         .map(|s| s.parse().unwrap());
+    let intents: u32 = std::env::var("IDEM_RACE_INTENTS")
+        .ok()
+        .map_or(INTENTS, |s| s.parse().unwrap());
+    // Odd tasks walk the timeline this many steps behind the even ones: they come back to
+    // intents the others claimed a while ago.
+    let revisit: u32 = std::env::var("IDEM_RACE_REVISIT_STEPS")
+        .ok()
+        .map_or(0, |s| s.parse().unwrap());
     let pace = Duration::from_millis(
         std::env::var("IDEM_RACE_PACE_MS")
             .ok()
@@ -148,17 +156,20 @@ pub fn worker_main() {
                 loop {
                     let done = match deadline {
                         Some(deadline) => Instant::now() >= deadline,
-                        None => i == INTENTS,
+                        None => i == intents,
                     };
                     if done {
                         break;
                     }
                     let intent = match step {
                         Some(step) => {
-                            let now = (start.elapsed().as_millis() / step) as u32;
-                            (now + task as u32 % 3) % INTENTS
+                            let mut now = (start.elapsed().as_millis() / step) as u32;
+                            if task % 2 == 1 {
+                                now = now.saturating_sub(revisit);
+                            }
+                            (now + task as u32 % 3) % intents
                         }
-                        None => (i + task as u32 * 37) % INTENTS,
+                        None => (i + task as u32 * 37) % intents,
                     };
                     counts.count(tenant.run(charge(intent, 100)).await);
                     if !pace.is_zero() {
@@ -189,6 +200,10 @@ pub struct Race {
     pub pace_ms: u64,
     /// `Some(ms)`: the timeline of intents (see [`worker_main`]).
     pub step_ms: Option<u64>,
+    /// How many intents the timeline walks ([`INTENTS`] unless set).
+    pub intents: Option<u32>,
+    /// How far behind (in steps) the odd tasks walk the timeline.
+    pub revisit_steps: Option<u32>,
 }
 
 impl Race {
@@ -200,6 +215,8 @@ impl Race {
             seconds: None,
             pace_ms: 0,
             step_ms: None,
+            intents: None,
+            revisit_steps: None,
         }
     }
 
@@ -226,6 +243,12 @@ impl Race {
                 }
                 if let Some(ms) = self.step_ms {
                     cmd.env("IDEM_RACE_STEP_MS", ms.to_string());
+                }
+                if let Some(n) = self.intents {
+                    cmd.env("IDEM_RACE_INTENTS", n.to_string());
+                }
+                if let Some(n) = self.revisit_steps {
+                    cmd.env("IDEM_RACE_REVISIT_STEPS", n.to_string());
                 }
                 cmd.spawn().expect("spawn worker")
             })

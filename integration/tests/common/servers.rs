@@ -234,8 +234,7 @@ impl Drop for PrivateRedis {
 /// A throwaway PgBouncer in `pool_mode = transaction` in front of the Postgres server `upstream`
 /// names (host, port, database, user), with `pool_size` server connections for every client.
 ///
-/// It runs under a shell that kills it when its standard input closes, which happens when the
-/// test process exits, however it exits: a test binary may keep one in a `static`.
+/// It runs [`watched`]: a test binary may keep one in a `static`.
 pub struct PrivateBouncer {
     pub port: u16,
     _dir: tempfile::TempDir,
@@ -278,27 +277,16 @@ impl PrivateBouncer {
             format!("\"{user}\" \"\"\n"),
         )
         .unwrap();
-        let as_user = if is_root() {
+        let mut args = Vec::new();
+        if is_root() {
             run(Command::new("chown")
                 .args(["-R", "postgres"])
                 .arg(dir.path()));
-            "-u postgres"
-        } else {
-            ""
-        };
-        let watch = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "pgbouncer {as_user} \"$1\" & child=$!; read _ignored; kill $child"
-            ))
-            .arg("sh")
-            .arg(dir.path().join("pgbouncer.ini"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            // Its log goes to `pgbouncer.log` as well.
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("pgbouncer (Debian package pgbouncer)");
+            // PgBouncer refuses to run as root; it switches user itself.
+            args.extend(["-u".to_owned(), "postgres".to_owned()]);
+        }
+        args.push(dir.path().join("pgbouncer.ini").display().to_string());
+        let watch = watched("pgbouncer", &args);
         wait_for_port(listen, "pgbouncer");
         PrivateBouncer {
             port: listen,
@@ -310,5 +298,257 @@ impl PrivateBouncer {
     /// The URL of `database` as `user` through the pooler.
     pub fn url(&self, user: &str, database: &str) -> String {
         format!("postgres://{user}@127.0.0.1:{}/{database}", self.port)
+    }
+}
+
+/// A free loopback port `p` whose cluster bus port `p + 10000` is free too.
+fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// Starts `program args…` under a shell that kills it (SIGKILL) when its standard input closes:
+/// when the handle is dropped, or the test process exits however it exits.
+pub fn watched(program: &str, args: &[String]) -> Child {
+    Command::new("sh")
+        .arg("-c")
+        .arg("\"$@\" & child=$!; read _ignored; kill -9 $child")
+        .arg("sh")
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{program}: {e}"))
+}
+
+/// A throwaway Redis Cluster: `masters` primaries with one replica each, made with
+/// `redis-cli --cluster create` on free loopback ports, without persistence, with a 1 s node
+/// timeout so that a failover takes a couple of seconds.
+pub struct PrivateCluster {
+    pub ports: Vec<u16>,
+    _dir: tempfile::TempDir,
+    /// Each node's `redis-server` arguments, to start it again.
+    args: Vec<Vec<String>>,
+    nodes: std::sync::Mutex<Vec<Child>>,
+}
+
+impl PrivateCluster {
+    pub fn start(masters: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ports: Vec<u16> = Vec::new();
+        while ports.len() < masters * 2 {
+            let port = free_cluster_port();
+            if !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
+        let args: Vec<Vec<String>> = ports
+            .iter()
+            .map(|port| {
+                let node_dir = dir.path().join(port.to_string());
+                std::fs::create_dir(&node_dir).unwrap();
+                let args: Vec<String> = [
+                    "--bind",
+                    "127.0.0.1",
+                    "--port",
+                    &port.to_string(),
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "1000",
+                    // A replica syncs at once (the default waits 5 s to batch replicas): a
+                    // replica that never synced never takes over.
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    "--appendonly",
+                    "no",
+                    "--save",
+                    "",
+                    "--dir",
+                    &node_dir.display().to_string(),
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                args
+            })
+            .collect();
+        let nodes = args.iter().map(|a| watched("redis-server", a)).collect();
+        for port in &ports {
+            wait_for_port(*port, "redis-server (cluster node)");
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for port in &ports {
+            create.arg(format!("127.0.0.1:{port}"));
+        }
+        run(create.args(["--cluster-replicas", "1", "--cluster-yes"]));
+        let cluster = PrivateCluster {
+            ports,
+            _dir: dir,
+            args,
+            nodes: std::sync::Mutex::new(nodes),
+        };
+        cluster.wait_until_ok(&cluster.ports);
+        cluster.wait_until_synced(&cluster.ports);
+        cluster
+    }
+
+    /// Waits until every replica among `ports` is in sync with its primary.
+    pub fn wait_until_synced(&self, ports: &[u16]) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for port in ports {
+            loop {
+                let info = self.info(*port, "info", "replication");
+                if info.contains("role:master") || info.contains("master_link_status:up") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "a replica did not sync");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// Starts the (killed) node on `port` again: it rejoins as a replica of the primary that
+    /// took its place.
+    pub fn restart(&self, port: u16) {
+        let i = self.ports.iter().position(|p| *p == port).expect("a node");
+        let child = watched("redis-server", &self.args[i]);
+        self.nodes.lock().unwrap().push(child);
+        wait_for_port(port, "redis-server (cluster node)");
+        self.wait_until_ok(&[port]);
+        self.wait_until_synced(&[port]);
+    }
+
+    /// The primary that holds `key` (the one that answers for it instead of `MOVED`), once the
+    /// cluster agrees on one.
+    pub fn primary_of(&self, key: &str) -> u16 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let owners: Vec<u16> = self
+                .primaries()
+                .into_iter()
+                .filter(|port| {
+                    let out = Command::new("redis-cli")
+                        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "EXISTS", key])
+                        .output()
+                        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                        .unwrap_or_default();
+                    matches!(out.trim(), "0" | "1")
+                })
+                .collect();
+            if let [owner] = owners[..] {
+                return owner;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no one primary holds {key}: {owners:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until every node in `ports` says `cluster_state:ok`.
+    pub fn wait_until_ok(&self, ports: &[u16]) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for port in ports {
+            while !self
+                .info(*port, "cluster", "info")
+                .contains("cluster_state:ok")
+            {
+                assert!(Instant::now() < deadline, "the cluster did not settle");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    fn info(&self, port: u16, a: &str, b: &str) -> String {
+        Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), a, b])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The ports of the nodes that are primaries now.
+    pub fn primaries(&self) -> Vec<u16> {
+        self.ports
+            .iter()
+            .copied()
+            .filter(|port| {
+                self.info(*port, "info", "replication")
+                    .contains("role:master")
+            })
+            .collect()
+    }
+
+    /// The primaries that have a connected replica.
+    pub fn primaries_with_a_replica(&self) -> Vec<u16> {
+        self.ports
+            .iter()
+            .copied()
+            .filter(|port| {
+                let info = self.info(*port, "info", "replication");
+                info.contains("role:master") && !info.contains("connected_slaves:0")
+            })
+            .collect()
+    }
+
+    /// What a network partition followed by a crash does to the primary on `port`: its
+    /// replica is frozen (SIGSTOP), the primary drops the replication link and goes on
+    /// acknowledging writes for `window`, then dies (SIGKILL) and the replica resumes (SIGCONT),
+    /// without what was acknowledged in the window; after the node timeout it takes over.
+    pub fn partition_then_kill(&self, port: u16, window: Duration) {
+        let info = self.info(port, "info", "replication");
+        let replica: u16 = info
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("slave0:"))
+            .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("port=")))
+            .and_then(|p| p.parse().ok())
+            .expect("the primary names its replica");
+        let replica_pid = self.pid(replica);
+        run(Command::new("kill").args(["-STOP", &replica_pid]));
+        run(Command::new("redis-cli").args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "CLIENT",
+            "KILL",
+            "TYPE",
+            "replica",
+        ]));
+        std::thread::sleep(window);
+        self.kill(port);
+        run(Command::new("kill").args(["-CONT", &replica_pid]));
+    }
+
+    fn pid(&self, port: u16) -> String {
+        self.info(port, "info", "server")
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("process_id:"))
+            .expect("the node says its pid")
+            .to_owned()
+    }
+
+    /// Kills the node on `port` with SIGKILL (its replica takes over after the node timeout).
+    pub fn kill(&self, port: u16) {
+        run(Command::new("kill").args(["-9", &self.pid(port)]));
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
     }
 }

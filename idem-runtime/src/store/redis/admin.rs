@@ -67,7 +67,8 @@ impl AdminStore for RedisStore {
     }
 
     /// Walks the keyspace with `SCAN` (a page may hold more than `limit` records, and records
-    /// come in no particular order).
+    /// come in no particular order). On a cluster, one tenant's records live on one primary
+    /// (their hash tag), which is scanned; a scan of every tenant is refused there.
     fn scan<'a>(
         &'a self,
         tenant: Option<&'a str>,
@@ -78,6 +79,14 @@ impl AdminStore for RedisStore {
             const OP: &str = "scan";
             let pattern = match tenant {
                 Some(t) => format!("{}:{{{}}}:*", self.prefix, crate::hex::encode(t.as_bytes())),
+                None if self.conn.is_cluster() => {
+                    return Err(StoreError::new(
+                        BACKEND,
+                        StoreErrorKind::Other,
+                        "scan: on a Redis Cluster, list one tenant at a time (its records share \
+                         one node)",
+                    ));
+                }
                 None => format!("{}:{{*}}:*", self.prefix),
             };
             let mut position: u64 = match cursor {
@@ -93,16 +102,18 @@ impl AdminStore for RedisStore {
             let mut records = Vec::new();
             let mut conn = self.conn.clone();
             loop {
-                let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(position)
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(position)
                     .arg("MATCH")
                     .arg(&pattern)
                     .arg("COUNT")
                     // MATCH filters after the walk: big steps keep a tenant's scan of a large
                     // keyspace to few round trips.
-                    .arg(10_000)
-                    .query_async(&mut conn)
+                    .arg(10_000);
+                let (next, names): (u64, Vec<String>) = conn
+                    .on_primary_of(&pattern, &scan)
                     .await
+                    .and_then(|v| redis::from_redis_value(v).map_err(redis::RedisError::from))
                     .map_err(|e| redis_error(OP, e))?;
                 for name in names.iter().filter(|n| !n.ends_with(":note")) {
                     let Some((tenant, key)) = parse_record_key(&self.prefix, name) else {

@@ -93,6 +93,19 @@ end
 return 0
 ";
 
+/// One answer per node: a cluster answers a command sent to every primary with a map of node to
+/// answer; one server answers once.
+fn per_node<T: redis::FromRedisValue>(op: &str, answer: Value) -> Result<Vec<T>, StoreError> {
+    let unexpected = |_| corrupt(op, "the server answered something unexpected");
+    match answer {
+        Value::Map(nodes) => nodes
+            .into_iter()
+            .map(|(_, answer)| redis::from_redis_value(answer).map_err(unexpected))
+            .collect(),
+        answer => Ok(vec![redis::from_redis_value(answer).map_err(unexpected)?]),
+    }
+}
+
 /// What a claim decides from the record that `SET … NX GET` found, exactly as the claim script
 /// would, when that decision writes nothing. `None` when it would write (the record expired, a
 /// lease lapsed, an orphan is taken over or marked `unknown`): then the script decides, on the
@@ -140,116 +153,136 @@ impl Store for RedisStore {
 
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
-            const OP: &str = "claim";
-            if let Some(answer) = self
-                .replays
-                .get(req.tenant, &req.key, req.fingerprint, req.now)
-            {
-                return Ok(answer);
-            }
-            if req.tool.len() > 9999 {
-                return Err(StoreError::new(
-                    BACKEND,
-                    StoreErrorKind::Other,
-                    "claim: a tool name longer than 9999 bytes does not fit the record",
-                ));
-            }
-            let token = FencingToken::generate();
-            let (now, token_text) = (time_arg(req.now), token_arg(token));
-            let (lease_at, expires_at) = (
-                time_arg(after(req.now, req.lease)),
-                time_arg(after(req.now, req.ttl)),
-            );
-            let ttl = millis_arg(req.ttl);
-            let tool = format!("{:04}{}", req.tool.len(), req.tool);
-            let record = self.record_key(req.tenant, &req.key);
-            if self.set_nx_get {
-                let new: Vec<u8> = [
-                    &req.fingerprint.as_bytes()[..],
-                    b"i",
-                    expires_at.as_bytes(),
-                    lease_at.as_bytes(),
-                    now.as_bytes(),
-                    token_text.as_bytes(),
-                    tool.as_bytes(),
-                ]
-                .concat();
-                let mut set = redis::cmd("SET");
-                set.arg(&record)
-                    .arg(new)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(&ttl)
-                    .arg("GET");
-                let set = &set;
-                let found: Option<Vec<u8>> = again_if_broken(OP, || {
-                    let mut conn = self.conn.clone();
-                    async move { set.query_async(&mut conn).await }
-                })
-                .await?;
-                let Some(found) = found else {
-                    return Ok(Claim::Acquired {
-                        token,
-                        takeover: false,
-                    });
-                };
-                let found = decode_record(OP, req.tenant, req.key, &found)?;
-                let expires_at = found.expires_at;
-                if let Some(answer) = decide_without_writing(found, &req, token) {
-                    if let Claim::Completed { result } = &answer {
-                        self.replays
-                            .put(req.tenant, req.key, req.fingerprint, result, expires_at);
-                    }
+            let claim: Result<Claim, StoreError> = async {
+                const OP: &str = "claim";
+                if let Some(answer) =
+                    self.replays
+                        .get(req.tenant, &req.key, req.fingerprint, req.now)
+                {
                     return Ok(answer);
                 }
-            }
-            let answer: Vec<Value> = self
-                .invoke(
-                    OP,
-                    &self.scripts.claim,
-                    &[&record],
-                    &[
-                        req.fingerprint.as_bytes(),
+                if req.tool.len() > 9999 {
+                    return Err(StoreError::new(
+                        BACKEND,
+                        StoreErrorKind::Other,
+                        "claim: a tool name longer than 9999 bytes does not fit the record",
+                    ));
+                }
+                let token = FencingToken::generate();
+                let (now, token_text) = (time_arg(req.now), token_arg(token));
+                let (lease_at, expires_at) = (
+                    time_arg(after(req.now, req.lease)),
+                    time_arg(after(req.now, req.ttl)),
+                );
+                let ttl = millis_arg(req.ttl);
+                let tool = format!("{:04}{}", req.tool.len(), req.tool);
+                let record = self.record_key(req.tenant, &req.key);
+                if self.set_nx_get {
+                    let new: Vec<u8> = [
+                        &req.fingerprint.as_bytes()[..],
+                        b"i",
+                        expires_at.as_bytes(),
+                        lease_at.as_bytes(),
                         now.as_bytes(),
                         token_text.as_bytes(),
-                        lease_at.as_bytes(),
-                        expires_at.as_bytes(),
-                        ttl.as_bytes(),
                         tool.as_bytes(),
-                        match req.orphans {
-                            Orphans::TakeOver => b"0",
-                            Orphans::Reconcile => b"1",
-                            Orphans::Block => b"2",
-                        },
-                    ],
+                    ]
+                    .concat();
+                    let mut set = redis::cmd("SET");
+                    set.arg(&record)
+                        .arg(new)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(&ttl)
+                        .arg("GET");
+                    let set = &set;
+                    let found: Option<Vec<u8>> = again_if_broken(OP, || {
+                        let mut conn = self.conn.clone();
+                        async move { set.query_async(&mut conn).await }
+                    })
+                    .await?;
+                    let Some(found) = found else {
+                        return Ok(Claim::Acquired {
+                            token,
+                            takeover: false,
+                        });
+                    };
+                    let found = decode_record(OP, req.tenant, req.key, &found)?;
+                    let expires_at = found.expires_at;
+                    if let Some(answer) = decide_without_writing(found, &req, token) {
+                        if let Claim::Completed { result } = &answer {
+                            self.replays.put(
+                                req.tenant,
+                                req.key,
+                                req.fingerprint,
+                                result,
+                                expires_at,
+                            );
+                        }
+                        return Ok(answer);
+                    }
+                }
+                let answer: Vec<Value> = self
+                    .invoke(
+                        OP,
+                        &self.scripts.claim,
+                        &[&record],
+                        &[
+                            req.fingerprint.as_bytes(),
+                            now.as_bytes(),
+                            token_text.as_bytes(),
+                            lease_at.as_bytes(),
+                            expires_at.as_bytes(),
+                            ttl.as_bytes(),
+                            tool.as_bytes(),
+                            match req.orphans {
+                                Orphans::TakeOver => b"0",
+                                Orphans::Reconcile => b"1",
+                                Orphans::Block => b"2",
+                            },
+                        ],
+                    )
+                    .await?;
+                let decision = answer
+                    .first()
+                    .ok_or_else(|| corrupt(OP, "empty answer"))
+                    .and_then(|v| int(OP, v))?;
+                Ok(match (decision, answer.get(1), answer.get(2)) {
+                    (0 | 1, _, _) => Claim::Acquired {
+                        token,
+                        takeover: decision == 1,
+                    },
+                    (2, _, _) => Claim::Mismatch,
+                    (3, Some(expires_at), result) => {
+                        let result = match result {
+                            Some(Value::BulkString(bytes)) => bytes.clone(),
+                            _ => Vec::new(),
+                        };
+                        let expires_at = int(OP, expires_at)?.max(0) as u64;
+                        self.replays
+                            .put(req.tenant, req.key, req.fingerprint, &result, expires_at);
+                        Claim::Completed { result }
+                    }
+                    (4, Some(lease), _) => Claim::InFlight {
+                        lease_expires_at: int(OP, lease)?.max(0) as u64,
+                    },
+                    (5, _, _) => Claim::Unknown,
+                    _ => return Err(corrupt(OP, "unknown decision")),
+                })
+            }
+            .await;
+            let claim = claim?;
+            if let Claim::Acquired { token, .. } = claim {
+                // The body may run: first the replicas the options ask for must hold the claim.
+                self.replicated(
+                    "claim",
+                    &self.record_key(req.tenant, &req.key),
+                    token,
+                    false,
                 )
                 .await?;
-            let decision = answer
-                .first()
-                .ok_or_else(|| corrupt(OP, "empty answer"))
-                .and_then(|v| int(OP, v))?;
-            Ok(match (decision, answer.get(1), answer.get(2)) {
-                (0 | 1, _, _) => Claim::Acquired {
-                    token,
-                    takeover: decision == 1,
-                },
-                (2, _, _) => Claim::Mismatch,
-                (3, Some(expires_at), result) => {
-                    let result = match result {
-                        Some(Value::BulkString(bytes)) => bytes.clone(),
-                        _ => Vec::new(),
-                    };
-                    let expires_at = int(OP, expires_at)?.max(0) as u64;
-                    self.replays
-                        .put(req.tenant, req.key, req.fingerprint, &result, expires_at);
-                    Claim::Completed { result }
-                }
-                (4, Some(lease), _) => Claim::InFlight {
-                    lease_expires_at: int(OP, lease)?.max(0) as u64,
-                },
-                (5, _, _) => Claim::Unknown,
-                _ => return Err(corrupt(OP, "unknown decision")),
-            })
+            }
+            Ok(claim)
         })
     }
 
@@ -275,11 +308,19 @@ impl Store for RedisStore {
                     ],
                 )
                 .await?;
-            Ok(if applied == 1 {
-                Fenced::Applied
-            } else {
-                Fenced::Lost
-            })
+            if applied != 1 {
+                return Ok(Fenced::Lost);
+            }
+            // A completion a failover loses would leave the claim in flight, and a retry would
+            // take it over once its lease lapsed and run the body again.
+            self.replicated(
+                "complete",
+                &self.record_key(c.tenant, &c.key),
+                c.token,
+                true,
+            )
+            .await?;
+            Ok(Fenced::Applied)
         })
     }
 
@@ -361,27 +402,50 @@ impl Store for RedisStore {
         Box::pin(async move {
             const OP: &str = "health check";
             let version = self.layout_version(OP).await?;
-            let info: String = redis::cmd("INFO")
+            // On a cluster, INFO and CONFIG answer from every primary: each must be durable.
+            let info: Value = redis::cmd("INFO")
                 .arg("persistence")
                 .query_async(&mut self.conn.clone())
                 .await
                 .map_err(|e| redis_error(OP, e))?;
-            let aof = info.lines().any(|line| line.trim() == "aof_enabled:1");
+            let infos: Vec<String> = per_node(OP, info)?;
+            let aof = !infos.is_empty()
+                && infos
+                    .iter()
+                    .all(|info| info.lines().any(|line| line.trim() == "aof_enabled:1"));
             // CONFIG may be forbidden (managed services); then the fsync policy is unknown.
-            let fsync: Option<String> = redis::cmd("CONFIG")
+            let policies: Option<Vec<Vec<String>>> = match redis::cmd("CONFIG")
                 .arg("GET")
                 .arg("appendfsync")
-                .query_async::<Vec<String>>(&mut self.conn.clone())
+                .query_async::<Value>(&mut self.conn.clone())
                 .await
-                .ok()
-                .and_then(|pair| pair.into_iter().nth(1));
-            let durable = aof && fsync.as_deref() == Some("always");
+            {
+                Ok(answer) => per_node(OP, answer).ok(),
+                Err(_) => None,
+            };
+            let fsync: Option<String> = policies.and_then(|nodes| {
+                let mut policies = nodes.into_iter().map(|pair| pair.into_iter().nth(1));
+                let first = policies.next().flatten()?;
+                // The weakest policy speaks for the cluster.
+                Some(if policies.all(|p| p.as_deref() == Some(&first)) {
+                    first
+                } else {
+                    "mixed".to_owned()
+                })
+            });
+            let replicated = !self.conn.is_cluster() || self.wait.replicas > 0;
+            let durable = aof && fsync.as_deref() == Some("always") && replicated;
             let detail = match (aof, fsync.as_deref()) {
                 (false, _) => Some(
                     "the server runs with appendonly no: a Redis restart forgets every claim"
                         .to_owned(),
                 ),
-                (true, Some("always")) => None,
+                (true, Some("always")) if replicated => None,
+                (true, Some("always")) => Some(
+                    "a Redis Cluster replicates asynchronously: a failover may lose the last \
+                     claims; set wait_replicas=1"
+                        .to_owned(),
+                ),
                 (true, Some(policy)) => Some(format!(
                     "the server runs with appendfsync {policy}: a crash of the server may forget \
                      the claims of the last second"
@@ -392,8 +456,7 @@ impl Store for RedisStore {
                 ),
             };
             Ok(StoreHealth {
-                // `rediss://` is refused at open: every connection is plain.
-                encrypted: Some(false),
+                encrypted: self.encrypted,
                 backend: BACKEND,
                 schema_version: version,
                 expected_schema_version: SCHEMA_VERSION,

@@ -14,9 +14,16 @@
 //! - **Records expire on their own.** Each record is one string (see the layout below) with a
 //!   Redis expiry equal to its TTL (from the claim, then from the completion); nothing needs
 //!   purging.
-//! - **Cluster-ready layout.** A record lives at `PREFIX:{TENANT}:KEY` where `TENANT` is the
-//!   tenant in hexadecimal: the braces are a hash tag, so all of a tenant's records hash to one
-//!   slot, and each script touches exactly one key.
+//! - **Redis Cluster.** A record lives at `PREFIX:{TENANT}:KEY` where `TENANT` is the tenant in
+//!   hexadecimal: the braces are a hash tag, so all of a tenant's records hash to one slot, and
+//!   each script touches exactly one key. `redis+cluster://HOST:PORT[,HOST:PORT…]` connects to a
+//!   cluster (redis-rs routes every command by its key and follows failovers). Replication is
+//!   asynchronous: `wait_replicas=N` makes each claim and completion wait for `N` replicas
+//!   (Redis `WAIT`) and read the record back before the body runs (see [`RedisOptions`]).
+//! - **TLS** with `rediss://` (rustls): the server's certificate must chain to the system's
+//!   roots or to `tls_ca=PATH`, and name the host; `tls_cert` and `tls_key` present a client
+//!   certificate. A connection you built yourself: [`RedisStore::from_connection_manager`],
+//!   [`RedisStore::from_cluster`].
 //! - **Connection loss is survivable.** One multiplexed connection, re-established when it
 //!   breaks; an operation whose connection broke before the answer is sent again once, and each
 //!   script recognises its own token, so sending it twice is harmless.
@@ -64,10 +71,18 @@ use crate::store::{FencingToken, UnixMillis};
 
 mod admin;
 mod claim;
+mod connection;
 mod options;
 mod record;
 
+/// The Redis client crate of [`RedisStore::from_connection_manager`] and
+/// [`RedisStore::from_cluster`], re-exported so that your connection and idem's name the same
+/// version.
+pub use redis;
+
 pub use self::options::RedisOptions;
+
+use self::connection::Connection;
 pub use self::record::SCHEMA_VERSION;
 
 use self::admin::RESOLVE;
@@ -78,13 +93,23 @@ const BACKEND: &str = "redis";
 /// The shared Redis [`Store`](crate::store::Store). Cheap to clone; clones share the connection.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Connection,
     prefix: std::sync::Arc<str>,
     scripts: std::sync::Arc<Scripts>,
     replays: std::sync::Arc<ReplayCache>,
     /// Whether the server takes `SET … NX GET` (Redis 7.0 and later): then a claim tries the
     /// plain command first (see the module docs).
     set_nx_get: bool,
+    wait: Wait,
+    /// Whether the connection is encrypted, when the store made it.
+    encrypted: Option<bool>,
+}
+
+/// The replicas a claim and a completion wait for (`wait_replicas`, `wait_timeout_ms`).
+#[derive(Debug, Clone, Copy)]
+struct Wait {
+    replicas: u32,
+    timeout: Duration,
 }
 
 struct Scripts {
@@ -105,6 +130,13 @@ impl std::fmt::Debug for RedisStore {
 
 /// Classifies a driver error; the driver's own text stays in `source()`.
 fn redis_error(op: &str, e: RedisError) -> StoreError {
+    if let Some(tls) = tls_failure(&e) {
+        let cause = format!(
+            "{op}: the TLS handshake failed ({tls}): check `tls_ca` (the CA) and the host name in \
+             the URL against the server's certificate"
+        );
+        return StoreError::with_source(BACKEND, StoreErrorKind::Unavailable, cause, e);
+    }
     let (kind, cause) = if e.is_timeout() {
         (StoreErrorKind::Timeout, "the server did not answer in time")
     } else if e.is_connection_refusal() {
@@ -180,25 +212,98 @@ fn int(op: &str, v: &Value) -> Result<i64, StoreError> {
 }
 
 impl RedisStore {
-    /// Connects and checks the layout version.
+    /// Connects (to one server, or to a cluster) and checks the layout version.
     pub async fn open(options: RedisOptions) -> Result<Self, StoreError> {
         const OP: &str = "opening the store";
-        let client = redis::Client::open(options.connection.as_str()).map_err(|e| {
+        let certificates = certificates(&options)?;
+        if options.tls() {
+            // redis-rs builds its TLS configuration on rustls' process-wide provider: make it
+            // ring (ours) unless the process already chose one.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let malformed = |e| {
             StoreError::with_source(
                 BACKEND,
                 StoreErrorKind::Other,
                 "malformed connection URL",
                 e,
             )
-        })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.timeout))
-            .set_response_timeout(Some(options.timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| redis_error(OP, e))?;
+        };
+        let conn = if options.cluster {
+            let mut builder = redis::cluster::ClusterClient::builder(options.nodes.clone())
+                .connection_timeout(options.timeout)
+                .response_timeout(options.timeout)
+                .retries(4);
+            if let Some(certificates) = certificates {
+                builder = builder.certs(certificates);
+            }
+            let client = builder.build().map_err(malformed)?;
+            Connection::Cluster(
+                client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| first_connection_error(OP, e, options.tls()))?,
+            )
+        } else {
+            let url = options.nodes[0].as_str();
+            let client = match certificates {
+                Some(certificates) => redis::Client::build_with_tls(url, certificates),
+                None => redis::Client::open(url),
+            }
+            .map_err(malformed)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(options.timeout))
+                .set_response_timeout(Some(options.timeout))
+                .set_number_of_retries(2)
+                .set_max_delay(Duration::from_millis(500));
+            Connection::Single(
+                ConnectionManager::new_with_config(client, config)
+                    .await
+                    .map_err(|e| first_connection_error(OP, e, options.tls()))?,
+            )
+        };
+        Self::over(conn, &options, Some(options.tls())).await
+    }
+
+    /// A store over a connection manager you already have (its server, TLS, timeouts and
+    /// retries are yours): the layout version is checked exactly as [`RedisStore::open`] does.
+    /// Of `options`, the prefix, the replay cache and the replica wait apply. Build the
+    /// connection with the [`redis`](mod@redis) crate this module re-exports, so that both name
+    /// the same version.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::store::redis::{RedisOptions, RedisStore, redis};
+    ///
+    /// let client = redis::Client::open("redis://cache.internal:6379/")?;
+    /// let manager = redis::aio::ConnectionManager::new(client).await?;
+    /// let options = RedisOptions::from_url("redis://cache.internal:6379/?prefix=agents")?;
+    /// let store = RedisStore::from_connection_manager(manager, &options).await?;
+    /// let idem = idem_runtime::Idem::with_store(store);
+    /// # let _ = idem; Ok(()) }
+    /// ```
+    pub async fn from_connection_manager(
+        conn: ConnectionManager,
+        options: &RedisOptions,
+    ) -> Result<Self, StoreError> {
+        Self::over(Connection::Single(conn), options, None).await
+    }
+
+    /// A store over a Redis Cluster connection you already have, as
+    /// [`RedisStore::from_connection_manager`].
+    pub async fn from_cluster(
+        conn: redis::cluster_async::ClusterConnection,
+        options: &RedisOptions,
+    ) -> Result<Self, StoreError> {
+        Self::over(Connection::Cluster(conn), options, None).await
+    }
+
+    async fn over(
+        conn: Connection,
+        options: &RedisOptions,
+        encrypted: Option<bool>,
+    ) -> Result<Self, StoreError> {
+        const OP: &str = "opening the store";
         // INFO may be forbidden (managed services): then every claim is the script.
         let server: Option<String> = redis::cmd("INFO")
             .arg("server")
@@ -207,7 +312,7 @@ impl RedisStore {
             .ok();
         let store = RedisStore {
             conn,
-            prefix: options.prefix.into(),
+            prefix: options.prefix.as_str().into(),
             scripts: std::sync::Arc::new(Scripts {
                 claim: Script::new(CLAIM),
                 complete: Script::new(COMPLETE),
@@ -217,6 +322,11 @@ impl RedisStore {
             }),
             replays: std::sync::Arc::new(ReplayCache::new(options.replay_cache)),
             set_nx_get: server.as_deref().is_some_and(takes_set_nx_get),
+            wait: Wait {
+                replicas: options.wait_replicas,
+                timeout: options.wait_timeout,
+            },
+            encrypted,
         };
         let found = store.layout_version(OP).await?;
         if found > SCHEMA_VERSION {
@@ -246,6 +356,67 @@ impl RedisStore {
         let options = RedisOptions::from_url(url)
             .map_err(|reason| StoreError::new(BACKEND, StoreErrorKind::Other, reason))?;
         Self::open(options).await
+    }
+
+    /// Waits until the replicas the options ask for (`wait_replicas`) hold the write of `key`
+    /// that `token` made (Redis `WAIT`, sent to `key`'s primary); fewer within `wait_timeout` is
+    /// an error. `settled`: the write was a completion (else a claim).
+    ///
+    /// `WAIT` counts the writes of the connection it is sent on. If the primary failed over
+    /// between the write and the `WAIT`, the client sends the `WAIT` to the new primary, where
+    /// this connection wrote nothing: it would pass at once, for a write that was lost. So the
+    /// record is read back after the `WAIT`: the write must be there.
+    async fn replicated(
+        &self,
+        op: &str,
+        key: &str,
+        token: FencingToken,
+        settled: bool,
+    ) -> Result<(), StoreError> {
+        if self.wait.replicas == 0 {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.wait.replicas)
+            .arg(u64::try_from(self.wait.timeout.as_millis()).unwrap_or(u64::MAX));
+        let acked = conn
+            .on_primary_of(key, &wait)
+            .await
+            .map_err(|e| redis_error(op, e))?;
+        let acked: i64 = redis::from_redis_value(acked)
+            .map_err(|_| corrupt(op, "WAIT answered something other than a number"))?;
+        if acked < i64::from(self.wait.replicas) {
+            return Err(StoreError::new(
+                BACKEND,
+                StoreErrorKind::Unavailable,
+                format!(
+                    "{op}: {acked} of the {} replicas asked for acknowledged the write within {} ms \
+                     (`wait_replicas`)",
+                    self.wait.replicas,
+                    self.wait.timeout.as_millis()
+                ),
+            ));
+        }
+        let record: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| redis_error(op, e))?;
+        let token = token_arg(token);
+        let there = record.is_some_and(|v| {
+            let status = v.get(record::layout::STATUS).copied();
+            v.get(record::layout::TOKEN) == Some(token.as_bytes())
+                && (status == Some(b'i')) != settled
+        });
+        if !there {
+            return Err(StoreError::new(
+                BACKEND,
+                StoreErrorKind::Unavailable,
+                format!("{op}: the write was lost in a failover before a replica held it"),
+            ));
+        }
+        Ok(())
     }
 
     /// Runs a script, once more when the connection broke under it (each script is written so
@@ -285,6 +456,90 @@ where
         other => other,
     }
     .map_err(|e| redis_error(op, e))
+}
+
+/// The TLS error under a driver error, if the handshake is what failed.
+fn tls_failure(e: &RedisError) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = source {
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        if let Some(tls) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls.to_string());
+        }
+        // redis-rs may keep only the text of the rustls error.
+        let text = error.to_string();
+        if [
+            "invalid peer certificate",
+            "received fatal alert",
+            "peer is incompatible",
+            "peer misbehaved",
+        ]
+        .iter()
+        .any(|tls| text.contains(tls))
+        {
+            return Some(text);
+        }
+        source = error.source();
+    }
+    None
+}
+
+/// The error of a first connection that the server dropped at once: on a plain `redis://`
+/// connection, most likely a server that takes only TLS.
+fn first_connection_error(op: &str, e: RedisError, tls: bool) -> StoreError {
+    let dropped = (e.is_connection_dropped() || e.is_io_error())
+        && !e.is_connection_refusal()
+        && !e.is_timeout();
+    if !tls && dropped && tls_failure(&e).is_none() {
+        return StoreError::with_source(
+            BACKEND,
+            StoreErrorKind::Unavailable,
+            format!(
+                "{op}: the server dropped the connection at once: if it takes only TLS, use \
+                 rediss://"
+            ),
+            e,
+        );
+    }
+    redis_error(op, e)
+}
+
+/// The TLS files of `options`, read now: an unreadable file is an error at open.
+fn certificates(options: &RedisOptions) -> Result<Option<redis::TlsCertificates>, StoreError> {
+    let read = |option: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            StoreError::new(
+                BACKEND,
+                StoreErrorKind::Other,
+                format!("`{option}` {}: {e}", path.display()),
+            )
+        })
+    };
+    if options.tls_ca.is_none() && options.tls_client.is_none() {
+        return Ok(None);
+    }
+    let root_cert = options
+        .tls_ca
+        .as_deref()
+        .map(|path| read("tls_ca", path))
+        .transpose()?;
+    let client_tls = match &options.tls_client {
+        Some((cert, key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("tls_cert", cert)?,
+            client_key: read("tls_key", key)?,
+        }),
+        None => None,
+    };
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
 }
 
 /// Whether `INFO server` names a server that takes `SET … NX … GET` (Redis 7.0 and later;
@@ -377,6 +632,27 @@ mod tests {
                 .await
                 .expect("INFO");
             assert_eq!(store.set_nx_get, super::super::takes_set_nx_get(&info));
+        }
+
+        /// The contract on a store over a connection manager its user built, with a prefix and
+        /// a replica wait of its own (the test server has no replica: `wait_replicas=0`).
+        mod own_connection {
+            async fn store() -> Option<super::super::RedisStore> {
+                let url = crate::store::conformance::test_server_url("IDEM_TEST_REDIS_URL")?;
+                let client = redis::Client::open(url.as_str()).expect("a client");
+                let manager = redis::aio::ConnectionManager::new(client)
+                    .await
+                    .expect("the user's connection");
+                let options =
+                    super::super::RedisOptions::from_url(&format!("{url}?prefix=idem-own"))
+                        .expect("options");
+                Some(
+                    super::super::RedisStore::from_connection_manager(manager, &options)
+                        .await
+                        .expect("the layout is checked through the user's connection"),
+                )
+            }
+            crate::store_conformance_tests!(maybe: store());
         }
 
         /// Every claim through the script, as on a server before Redis 7.0.
