@@ -671,8 +671,10 @@ mod tests {
                         tokio_postgres::NoTls,
                     )
                     .expect("a pool");
-                let mut options = super::super::PostgresOptions::default();
-                options.schema = "idem_own_pool".into();
+                let options = super::super::PostgresOptions {
+                    schema: "idem_own_pool".into(),
+                    ..Default::default()
+                };
                 Some(
                     super::super::PostgresStore::from_pool(pool, options)
                         .await
