@@ -334,6 +334,40 @@ pub fn decide(
     }
 }
 
+/// The TLS error under a driver's error, if a TLS handshake is what failed: a `rustls::Error`
+/// in the chain of sources (itself, or inside an `io::Error`), or, where a driver kept only its
+/// text, a rustls message.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut source = Some(e);
+    while let Some(error) = source {
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        if let Some(tls) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls.to_string());
+        }
+        let text = error.to_string();
+        if [
+            "invalid peer certificate",
+            "received fatal alert",
+            "peer is incompatible",
+            "peer misbehaved",
+        ]
+        .iter()
+        .any(|tls| text.contains(tls))
+        {
+            return Some(text);
+        }
+        source = error.source();
+    }
+    None
+}
+
 /// `now + d` in milliseconds, saturating.
 pub fn after(now: UnixMillis, d: Duration) -> UnixMillis {
     now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

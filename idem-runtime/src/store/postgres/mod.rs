@@ -108,28 +108,9 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
-/// The TLS error under a driver error, if the handshake is what failed.
-fn tls_failure(e: &tokio_postgres::Error) -> Option<String> {
-    let mut source = std::error::Error::source(e);
-    while let Some(error) = source {
-        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
-            return Some(tls.to_string());
-        }
-        if let Some(tls) = error
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        {
-            return Some(tls.to_string());
-        }
-        source = error.source();
-    }
-    None
-}
-
 /// Classifies a driver error; the driver's own text stays in `source()`.
 fn pg_error(op: &str, e: tokio_postgres::Error) -> StoreError {
-    if let Some(tls) = tls_failure(&e) {
+    if let Some(tls) = crate::store::tls_failure(&e) {
         let cause = format!(
             "{op}: the TLS handshake failed ({tls}): check `sslrootcert` (the CA) and the host \
              name in the URL against the server's certificate"

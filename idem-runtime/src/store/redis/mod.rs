@@ -130,7 +130,7 @@ impl std::fmt::Debug for RedisStore {
 
 /// Classifies a driver error; the driver's own text stays in `source()`.
 fn redis_error(op: &str, e: RedisError) -> StoreError {
-    if let Some(tls) = tls_failure(&e) {
+    if let Some(tls) = crate::store::tls_failure(&e) {
         let cause = format!(
             "{op}: the TLS handshake failed ({tls}): check `tls_ca` (the CA) and the host name in \
              the URL against the server's certificate"
@@ -458,45 +458,13 @@ where
     .map_err(|e| redis_error(op, e))
 }
 
-/// The TLS error under a driver error, if the handshake is what failed.
-fn tls_failure(e: &RedisError) -> Option<String> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(error) = source {
-        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
-            return Some(tls.to_string());
-        }
-        if let Some(tls) = error
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        {
-            return Some(tls.to_string());
-        }
-        // redis-rs may keep only the text of the rustls error.
-        let text = error.to_string();
-        if [
-            "invalid peer certificate",
-            "received fatal alert",
-            "peer is incompatible",
-            "peer misbehaved",
-        ]
-        .iter()
-        .any(|tls| text.contains(tls))
-        {
-            return Some(text);
-        }
-        source = error.source();
-    }
-    None
-}
-
 /// The error of a first connection that the server dropped at once: on a plain `redis://`
 /// connection, most likely a server that takes only TLS.
 fn first_connection_error(op: &str, e: RedisError, tls: bool) -> StoreError {
     let dropped = (e.is_connection_dropped() || e.is_io_error())
         && !e.is_connection_refusal()
         && !e.is_timeout();
-    if !tls && dropped && tls_failure(&e).is_none() {
+    if !tls && dropped && crate::store::tls_failure(&e).is_none() {
         return StoreError::with_source(
             BACKEND,
             StoreErrorKind::Unavailable,
