@@ -9,7 +9,7 @@ use syn::{Ident, ReturnType};
 
 use crate::args::{FieldPath, OnError, OnOrphan};
 use crate::ast::Tool;
-use crate::signature::{body_future, rewritten_signature, split_attrs};
+use crate::signature::{Kept, body_future, rewritten_signature, split_attrs};
 use crate::valid::{Checked, Form, Keyed};
 
 fn path_expr(path: &FieldPath, span: Span) -> TokenStream {
@@ -128,8 +128,21 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
                 ))
             }
         } else {
+            // The last resort of the probe, for a type that is not `Serialize`: a parameter
+            // itself is also an argument, whose own check is the one error; a field of one has
+            // its own error, at the part.
+            let last = if part.path.segments.len() == 1 {
+                quote!(::idem::__private::ArgumentKeyPart)
+            } else {
+                quote!(::idem::key::UnserializableKeyPart)
+            };
             quote_spanned! {part.span=>
-                .part(#name, (&::idem::__private::KeyPartProbe(&#expr)).idem_key_part())
+                .part(#name, {
+                    #[allow(unused_imports)]
+                    use ::idem::__private::{OptionalKeyPart as _, RequiredKeyPart as _};
+                    use #last as _;
+                    (&::idem::__private::KeyPartProbe(&#expr)).idem_key_part()
+                })
             }
         }
     });
@@ -146,10 +159,15 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
         let name = ident.to_string();
         quote_spanned! {p.ty.span()=>
             let __idem_fingerprint =
-                ::idem::__private::ToolArgument::add_to(&#ident, __idem_fingerprint, #name);
+                ::idem::fingerprint::ToolArgument::add_to(&#ident, __idem_fingerprint, #name);
         }
     });
-    let body = body_future(tool);
+    let kept = match keyed.on_error {
+        OnError::Release | OnError::Unknown => Kept::Value,
+        OnError::Store => Kept::ValueAndErrors,
+        OnError::Classify => Kept::ValueAndClassifiedErrors,
+    };
+    let body = body_future(tool, kept);
     // Spanned at the return type: an error type that does not fit the policy is reported there.
     let policy = format_ident!("{}", keyed.on_error.names().0, span = return_span(tool));
     let call = match &keyed.check {
@@ -190,11 +208,7 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
         }
     };
     quote! {
-        let __idem_key = {
-            #[allow(unused_imports)]
-            use ::idem::__private::{OptionalKeyPart as _, RequiredKeyPart as _};
-            ::idem::__private::KeyParts::new() #(#parts)*
-        };
+        let __idem_key = ::idem::__private::KeyParts::new() #(#parts)*;
         let __idem_fingerprint = ::idem::__private::ArgsFingerprint::new(__IDEM_TOOL.skip);
         #(#args)*
         let __idem_fingerprint = __idem_fingerprint.finish();
@@ -301,13 +315,13 @@ pub fn generate(checked: &Checked) -> TokenStream {
     let call = match &checked.form {
         Form::Keyed(keyed) => keyed_call(tool, keyed),
         Form::Natural => {
-            let body = body_future(tool);
+            let body = body_future(tool, Kept::Nothing);
             quote_spanned!(return_span(tool)=> ::idem::__private::run_natural(&__IDEM_TOOL, #body).await)
         }
         Form::StateCheck(path) => {
             // The check borrows the arguments and finishes before the body takes them.
             let check = check_call(tool, path, false);
-            let body = body_future(tool);
+            let body = body_future(tool, Kept::Nothing);
             quote! {
                 let __idem_found = #check;
                 ::idem::__private::run_checked(&__IDEM_TOOL, __idem_found, #body).await

@@ -7,7 +7,7 @@ use quote::quote;
 use syn::ItemFn;
 
 use crate::ast::Tool;
-use crate::signature::{body_future, rewritten_signature, split_attrs};
+use crate::signature::{Kept, body_future, rewritten_signature, split_attrs};
 
 pub fn expand(error: syn::Error, item: ItemFn) -> TokenStream {
     let errors = error.to_compile_error();
@@ -18,7 +18,7 @@ pub fn expand(error: syn::Error, item: ItemFn) -> TokenStream {
     let (outer, inner) = split_attrs(&tool.item);
     let vis = &tool.item.vis;
     let sig = rewritten_signature(&tool);
-    let body = body_future(&tool);
+    let body = body_future(&tool, Kept::Nothing);
     quote! {
         #errors
         #(#outer)*

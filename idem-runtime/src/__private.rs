@@ -1,7 +1,7 @@
 //! What the `#[idempotent]` macro expands to calls. Not a public API: it changes without notice.
 //!
 //! The generated code is thin: it collects the key parts (through the probes here), feeds each
-//! argument to the fingerprint ([`ToolArgument`]), and hands the original body, as a future, to
+//! argument to the fingerprint ([`ToolArgument`](crate::fingerprint::ToolArgument)), and hands the original body, as a future, to
 //! [`run_keyed`], [`run_keyed_checked`], [`run_checked`] or [`run_natural`], naming the tool's
 //! `on_error` policy ([`ReleaseErrors`], …). Only what the generated code names is here; the
 //! call itself is the crate's call protocol (`protocol`), ordinary, unit-tested Rust.
@@ -56,6 +56,21 @@ impl<T: Serialize + ?Sized> RequiredKeyPart for &KeyPartProbe<'_, T> {
     }
 }
 
+/// Chosen last for a part that is a parameter itself, when its type is not `Serialize`: every
+/// parameter is also an argument, and the argument's check
+/// ([`ToolArgument`](crate::fingerprint::ToolArgument)) is the one error
+/// such a tool gets, so this never runs.
+pub trait ArgumentKeyPart {
+    /// Not reached: the tool does not compile.
+    fn idem_key_part(&mut self) -> Result<Option<KeyPart>, InvalidKey>;
+}
+
+impl<T: ?Sized> ArgumentKeyPart for &KeyPartProbe<'_, T> {
+    fn idem_key_part(&mut self) -> Result<Option<KeyPart>, InvalidKey> {
+        unreachable!("a parameter that is not `Serialize` fails the argument check at compile time")
+    }
+}
+
 /// Chosen for a rig `ToolContext` named as a key part (feature `rig`): its
 /// `idem::rig::RunStep`, put there by the agent loop. Without the feature the trait
 /// has no impl and a context part is an ordinary (unserializable) argument.
@@ -75,32 +90,6 @@ impl ContextKeyPart for KeyPartProbe<'_, &mut rig_core::tool::ToolContext> {
 impl ContextKeyPart for KeyPartProbe<'_, &rig_core::tool::ToolContext> {
     fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey> {
         crate::rig::context_key_part(self.0)
-    }
-}
-
-/// An argument of a keyed tool: anything `Serialize`. Adding it to the fingerprint through this
-/// trait makes a non-serializable argument one error, at the parameter, with this message.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be fingerprinted: every argument of an `#[idempotent]` tool must implement `serde::Serialize`",
-    label = "this argument is not `Serialize`",
-    note = "derive it: `#[derive(serde::Serialize)]`; the fingerprint detects a retry with changed arguments"
-)]
-pub trait ToolArgument {
-    /// Adds `self` to the fingerprint input under `name`.
-    fn add_to<'s>(
-        &self,
-        fingerprint: ArgsFingerprint<'s>,
-        name: &'static str,
-    ) -> ArgsFingerprint<'s>;
-}
-
-impl<T: Serialize + ?Sized> ToolArgument for T {
-    fn add_to<'s>(
-        &self,
-        fingerprint: ArgsFingerprint<'s>,
-        name: &'static str,
-    ) -> ArgsFingerprint<'s> {
-        fingerprint.arg(name, self)
     }
 }
 

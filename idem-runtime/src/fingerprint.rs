@@ -116,6 +116,34 @@ impl<'s> ArgsFingerprint<'s> {
     }
 }
 
+/// An argument of a keyed `#[idempotent]` tool: anything `Serialize`. The attribute adds every
+/// argument to the fingerprint through this trait, so that one that is not `Serialize` is one
+/// error, at the parameter. Implemented for every `Serialize` type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be fingerprinted: every argument of an `#[idempotent]` tool (key parts included) must implement `serde::Serialize`",
+    label = "this argument is not `Serialize`",
+    note = "derive it: `#[derive(serde::Serialize)]`; the fingerprint detects a retry with changed arguments"
+)]
+pub trait ToolArgument {
+    /// Adds `self` to the fingerprint input under `name`.
+    fn add_to<'s>(
+        &self,
+        fingerprint: ArgsFingerprint<'s>,
+        name: &'static str,
+    ) -> ArgsFingerprint<'s>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + ?Sized> ToolArgument for T {
+    fn add_to<'s>(
+        &self,
+        fingerprint: ArgsFingerprint<'s>,
+        name: &'static str,
+    ) -> ArgsFingerprint<'s> {
+        fingerprint.arg(name, self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -215,6 +215,44 @@ pub fn derive_downstream_key(key: &IdempotencyKey, name: &str) -> DownstreamKey 
     DownstreamKey(hex)
 }
 
+/// A value that can be a key part: anything `Serialize` (strings, numbers, and structs of them).
+/// The attribute names it so that a part that is not is one error, at the part.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a key part: a key part of an `#[idempotent]` tool must implement `serde::Serialize`",
+    label = "this key part is not `Serialize`",
+    note = "derive it (`#[derive(serde::Serialize)]`), or name a field of it that is: `key = \"param.field\"`"
+)]
+pub trait KeyPartValue {
+    /// The canonical key part.
+    fn key_part(&self) -> Result<KeyPart, InvalidKey>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + ?Sized> KeyPartValue for T {
+    fn key_part(&self) -> Result<KeyPart, InvalidKey> {
+        KeyPart::new(self)
+    }
+}
+
+/// Chosen last, for a part whose type is not `Serialize`: method resolution always finds
+/// something, so the error is the one of [`KeyPartValue`], at the part, not "no method".
+/// (The attribute's machinery, public so that its errors name no private path.)
+pub trait UnserializableKeyPart<T: ?Sized> {
+    /// Not callable: its bound is not met.
+    fn idem_key_part(&mut self) -> Result<Option<KeyPart>, InvalidKey>
+    where
+        T: KeyPartValue;
+}
+
+impl<T: ?Sized> UnserializableKeyPart<T> for &crate::__private::KeyPartProbe<'_, T> {
+    fn idem_key_part(&mut self) -> Result<Option<KeyPart>, InvalidKey>
+    where
+        T: KeyPartValue,
+    {
+        self.0.key_part().map(Some)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -87,6 +87,76 @@ impl<T, E> ToolResult for Result<T, E> {
     }
 }
 
+/// A value a retry gets back: what an `#[idempotent]` tool with a key returns must be
+/// `Serialize` and `Deserialize`, since its first call stores it. Implemented for every such type;
+/// the attribute names it so that a type that is not is one error, at the return type. Do not
+/// implement it yourself: derive `Serialize` and `Deserialize` instead.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored for replay: the value an `#[idempotent]` tool returns must implement `serde::Serialize` and `serde::Deserialize`",
+    label = "this type is not `Serialize + DeserializeOwned`",
+    note = "derive both: `#[derive(serde::Serialize, serde::Deserialize)]`; a retry gets the stored value back"
+)]
+pub trait Replayable {
+    /// `Self`, known to be storable.
+    type Checked;
+    /// The value itself.
+    fn checked(self) -> Self::Checked;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {
+    type Checked = T;
+    fn checked(self) -> T {
+        self
+    }
+}
+
+/// An error a tool with `on_error = "store"` keeps for its retries: `Serialize` and
+/// `Deserialize`. Implemented for every such type; the attribute names it so that an error type
+/// that is not is one error, at the return type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored for replay: with `on_error = \"store\"` the tool's error type must implement `serde::Serialize` and `serde::Deserialize`",
+    label = "this error type is not `Serialize + DeserializeOwned`",
+    note = "derive both, or use `on_error = \"release\"` (the default) to let a corrected retry run instead"
+)]
+pub trait StoredError {
+    /// `Self`, known to be storable.
+    type Checked;
+    /// The error itself.
+    fn checked(self) -> Self::Checked;
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: serde::Serialize + serde::de::DeserializeOwned> StoredError for E {
+    type Checked = E;
+    fn checked(self) -> E {
+        self
+    }
+}
+
+/// An error of a tool with `on_error = "classify"`: it says what each error means
+/// ([`ClassifyError`]), and the ones it classifies `Store` are kept for retries, so it is
+/// `Serialize` and `Deserialize` too. Implemented for every such type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify itself: with `on_error = \"classify\"` the tool's error type must implement `idem::ClassifyError`, `serde::Serialize` and `serde::Deserialize`",
+    label = "this error type is not `ClassifyError + Serialize + DeserializeOwned`",
+    note = "implement `idem::ClassifyError` (its default says `Release`) and derive the serde traits: errors classified `Store` are replayed"
+)]
+pub trait ClassifiedError {
+    /// `Self`, known to classify itself and be storable.
+    type Checked;
+    /// The error itself.
+    fn checked(self) -> Self::Checked;
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: ClassifyError + serde::Serialize + serde::de::DeserializeOwned> ClassifiedError for E {
+    type Checked = E;
+    fn checked(self) -> E {
+        self
+    }
+}
+
 mod sealed {
     pub trait Sealed {}
     impl<T, E> Sealed for Result<T, E> {}

@@ -1,7 +1,7 @@
 #![allow(unused_variables)]
 use idem::idempotent;
 
-#[idempotent(natural, key = "entity", ttl = "1h")]
+#[idempotent(natural, key = "entity")]
 async fn set_status(entity: String, status: String) -> Result<(), String> {
     Ok(())
 }

@@ -1,0 +1,9 @@
+#![allow(unused_variables)]
+use idem::idempotent;
+
+#[idempotent(natural, key = "entity", ttl = "1h")]
+async fn set_status(entity: String, status: String) -> Result<(), String> {
+    Ok(())
+}
+
+fn main() {}
