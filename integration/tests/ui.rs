@@ -12,7 +12,10 @@ fn ui() {
 /// the case that shows every broken rule reported in one pass) or names idem's private machinery.
 #[test]
 fn every_case_is_one_error_that_names_no_private_machinery() {
-    one_error_each("tests/ui/fail", &["every_broken_rule_is_reported_in_one_pass.stderr"]);
+    one_error_each(
+        "tests/ui/fail",
+        &["every_broken_rule_is_reported_in_one_pass.stderr"],
+    );
 }
 
 fn one_error_each(dir: &str, several: &[&str]) {
@@ -28,7 +31,11 @@ fn one_error_each(dir: &str, several: &[&str]) {
             assert_eq!(errors, 1, "{}: one misuse, one error", path.display());
         }
         for private in ["__private", "KeyPartProbe"] {
-            assert!(!text.contains(private), "{} names `{private}`", path.display());
+            assert!(
+                !text.contains(private),
+                "{} names `{private}`",
+                path.display()
+            );
         }
     }
 }

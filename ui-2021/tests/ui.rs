@@ -19,7 +19,11 @@ fn every_case_is_one_error_that_names_no_private_machinery() {
         let errors = text.lines().filter(|l| l.starts_with("error")).count();
         assert_eq!(errors, 1, "{}: one misuse, one error", path.display());
         for private in ["__private", "KeyPartProbe"] {
-            assert!(!text.contains(private), "{} names `{private}`", path.display());
+            assert!(
+                !text.contains(private),
+                "{} names `{private}`",
+                path.display()
+            );
         }
     }
 }
