@@ -116,6 +116,40 @@ async fn a_black_hole_is_a_store_error_within_the_timeout_on_redis() {
     assert!(healed, "calls go through again once the network heals");
 }
 
+/// Postgres never sees a statement the network black-holes, so its own `statement_timeout`
+/// cannot end the call: the client's response timeout does, and the connection is dropped.
+#[tokio::test]
+async fn a_black_hole_is_a_store_error_within_the_response_timeout_on_postgres() {
+    let Some((proxy, url)) = proxied(
+        "IDEM_TEST_POSTGRES_URL",
+        "sslmode=disable&response_timeout_ms=500",
+    )
+    .await
+    else {
+        return;
+    };
+    let scope = Idem::open(&url).await.unwrap().scope("tenant-faults");
+    assert!(matches!(
+        scope.run(charge(run_id())).await,
+        Ok(Outcome::Fresh(7))
+    ));
+    proxy.set(Fault::BlackHole);
+    let id = run_id();
+    let started = Instant::now();
+    let answer = scope.run(charge(id.clone())).await;
+    let waited = started.elapsed();
+    assert!(
+        matches!(&answer, Err(e) if e.is_store() && e.to_string().contains("no answer")),
+        "{answer:?}"
+    );
+    // The bound: one response timeout (the connection was already open).
+    assert!(waited < Duration::from_millis(500 + 1000), "{waited:?}");
+    assert_eq!(runs(&id), 0, "the body did not run");
+    proxy.set(Fault::None);
+    let answer = scope.run(charge(run_id())).await;
+    assert!(matches!(answer, Ok(Outcome::Fresh(7))), "{answer:?}");
+}
+
 /// A claim whose reply is lost, then its connection: the call fails closed (the body does not
 /// run), the claim is held in the store, and once its lease lapses a retry runs the body: once
 /// in all.

@@ -29,7 +29,9 @@
 //! options tokio-postgres knows (`connect_timeout` in seconds, `application_name`, …) and these:
 //! `schema` (an identifier, default `public`), `pool_size` (default 16), `pool_timeout_ms`
 //! (waiting for a connection, default 5000), `statement_timeout_ms` (default 10000; 0 turns it
-//! off), `replay_cache` (entries, default 1024, 0 turns it off), and the libpq TLS options
+//! off), `response_timeout_ms` (how long a statement may go unanswered on the client's side, for
+//! a stalled server or a network that drops packets: default the statement timeout + 2000, and
+//! the connection is then dropped), `replay_cache` (entries, default 1024, 0 turns it off), and the libpq TLS options
 //! `sslmode` (`disable`, `prefer` (default), `require`, `verify-ca`, `verify-full`),
 //! `sslrootcert` (a PEM file of trusted roots, or `system`, the default), `sslcert` and `sslkey`
 //! (a client certificate): see [`TlsOptions`]. A pool you already have is used with
@@ -84,6 +86,8 @@ struct Inner {
     encryption: Encryption,
     /// Whether statements go unnamed (see [`PostgresOptions::transaction_pooler`]).
     transaction_pooler: bool,
+    /// See [`PostgresOptions::response_timeout`].
+    response_timeout: Duration,
 }
 
 /// What the store knows of its connections' encryption.
@@ -286,9 +290,10 @@ impl PostgresStore {
                 replays: ReplayCache::new(options.replay_cache),
                 encryption,
                 transaction_pooler: options.transaction_pooler,
+                response_timeout: options.response_timeout,
             }),
         };
-        store.migrate(&options.schema).await?;
+        store.migrate_in_time(&options.schema).await?;
         Ok(store)
     }
 
@@ -322,9 +327,10 @@ impl PostgresStore {
                 replays: ReplayCache::new(options.replay_cache),
                 encryption: Encryption::Unknown,
                 transaction_pooler: options.transaction_pooler,
+                response_timeout: options.response_timeout,
             }),
         };
-        store.migrate(&options.schema).await?;
+        store.migrate_in_time(&options.schema).await?;
         Ok(store)
     }
 
@@ -333,6 +339,28 @@ impl PostgresStore {
         let options = PostgresOptions::from_url(url)
             .map_err(|reason| StoreError::new(BACKEND, StoreErrorKind::Other, reason))?;
         Self::open(options).await
+    }
+
+    /// [`PostgresStore::migrate`] within a bound: three response timeouts (a handful of
+    /// statements, one of which may wait for another worker's migration).
+    async fn migrate_in_time(&self, schema: &str) -> Result<(), StoreError> {
+        match tokio::time::timeout(self.inner.response_timeout * 3, self.migrate(schema)).await {
+            Ok(migrated) => migrated,
+            Err(_) => Err(self.unanswered("opening the store")),
+        }
+    }
+
+    /// The error of a statement the server did not answer within the response timeout.
+    fn unanswered(&self, op: &str) -> StoreError {
+        StoreError::new(
+            BACKEND,
+            StoreErrorKind::Timeout,
+            format!(
+                "{op}: no answer within {} ms (`response_timeout_ms`): the server is stalled or \
+                 the network drops packets; the connection is dropped",
+                self.inner.response_timeout.as_millis()
+            ),
+        )
     }
 
     async fn client(&self, op: &str) -> Result<deadpool_postgres::Object, StoreError> {
@@ -351,20 +379,28 @@ impl PostgresStore {
         let mut retried = false;
         loop {
             let client = self.client(op).await?;
-            let result = if self.inner.transaction_pooler {
-                let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
-                    .iter()
-                    .copied()
-                    .zip(statement.types.iter().cloned())
-                    .collect();
-                client.query_typed(&statement.sql, &typed).await
-            } else {
-                match client.prepare_cached(&statement.sql).await {
-                    Ok(stmt) => client.query(&stmt, params).await,
-                    Err(e) => Err(e),
+            let sent = async {
+                if self.inner.transaction_pooler {
+                    let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
+                        .iter()
+                        .copied()
+                        .zip(statement.types.iter().cloned())
+                        .collect();
+                    client.query_typed(&statement.sql, &typed).await
+                } else {
+                    match client.prepare_cached(&statement.sql).await {
+                        Ok(stmt) => client.query(&stmt, params).await,
+                        Err(e) => Err(e),
+                    }
                 }
-            }
-            .map_err(|e| pg_error(op, e));
+            };
+            let Ok(result) = tokio::time::timeout(self.inner.response_timeout, sent).await else {
+                // The statement may or may not have run; the connection may answer it late,
+                // or never: it is not handed out again.
+                drop(deadpool_postgres::Object::take(client));
+                return Err(self.unanswered(op));
+            };
+            let result = result.map_err(|e| pg_error(op, e));
             match result {
                 Err(e) if connection_broke(&e) && !retried => {
                     drop(deadpool_postgres::Object::take(client));
@@ -506,46 +542,57 @@ impl Store for PostgresStore {
     fn health(&self) -> StoreFuture<'_, StoreHealth> {
         Box::pin(async move {
             const OP: &str = "health check";
-            let client = self.client(OP).await?;
-            // Unnamed statements, as through a transaction pooler: the health check runs too
-            // seldom to gain from preparing.
-            let version: Option<i32> = client
-                .query_typed(&self.inner.sql.version.sql, &[])
-                .await
-                .map_err(|e| pg_error(OP, e))?
-                .first()
-                .map(|row| row.get(0));
-            let settings = client
-                .query_typed(
-                    "SELECT current_setting('fsync'), current_setting('synchronous_commit')",
-                    &[],
-                )
-                .await
-                .map_err(|e| pg_error(OP, e))?;
-            let settings = settings
-                .first()
-                .ok_or_else(|| corrupt(OP, "the server answered no settings"))?;
-            let (fsync, commit): (String, String) = (settings.get(0), settings.get(1));
-            let durable = fsync == "on" && commit != "off";
-            let encrypted = match &self.inner.encryption {
-                Encryption::Never => Some(false),
-                Encryption::Always => Some(true),
-                Encryption::IfOffered(connector) => Some(connector.handshakes() > 0),
-                Encryption::Unknown => None,
-            };
-            Ok(StoreHealth {
-                backend: BACKEND,
-                encrypted,
-                schema_version: version.map_or(0, |v| v.max(0) as u32),
-                expected_schema_version: SCHEMA_VERSION,
-                durable,
-                detail: (!durable).then(|| {
-                    format!(
-                        "the server runs with fsync={fsync}, synchronous_commit={commit}: a \
+            match tokio::time::timeout(self.inner.response_timeout, self.check_health()).await {
+                Ok(health) => health,
+                Err(_) => Err(self.unanswered(OP)),
+            }
+        })
+    }
+}
+
+impl PostgresStore {
+    /// The health check's statements (see [`Store::health`]).
+    async fn check_health(&self) -> Result<StoreHealth, StoreError> {
+        const OP: &str = "health check";
+        let client = self.client(OP).await?;
+        // Unnamed statements, as through a transaction pooler: the health check runs too
+        // seldom to gain from preparing.
+        let version: Option<i32> = client
+            .query_typed(&self.inner.sql.version.sql, &[])
+            .await
+            .map_err(|e| pg_error(OP, e))?
+            .first()
+            .map(|row| row.get(0));
+        let settings = client
+            .query_typed(
+                "SELECT current_setting('fsync'), current_setting('synchronous_commit')",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_error(OP, e))?;
+        let settings = settings
+            .first()
+            .ok_or_else(|| corrupt(OP, "the server answered no settings"))?;
+        let (fsync, commit): (String, String) = (settings.get(0), settings.get(1));
+        let durable = fsync == "on" && commit != "off";
+        let encrypted = match &self.inner.encryption {
+            Encryption::Never => Some(false),
+            Encryption::Always => Some(true),
+            Encryption::IfOffered(connector) => Some(connector.handshakes() > 0),
+            Encryption::Unknown => None,
+        };
+        Ok(StoreHealth {
+            backend: BACKEND,
+            encrypted,
+            schema_version: version.map_or(0, |v| v.max(0) as u32),
+            expected_schema_version: SCHEMA_VERSION,
+            durable,
+            detail: (!durable).then(|| {
+                format!(
+                    "the server runs with fsync={fsync}, synchronous_commit={commit}: a \
                          claim may be lost in a server crash"
-                    )
-                }),
-            })
+                )
+            }),
         })
     }
 }

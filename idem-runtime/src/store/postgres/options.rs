@@ -19,6 +19,11 @@ pub struct PostgresOptions {
     pub pool_timeout: Duration,
     /// The server-side `statement_timeout` of idem's connections (`None`: the server's).
     pub statement_timeout: Option<Duration>,
+    /// How long a statement may go unanswered on the client's side before the call fails with
+    /// a timeout and its connection is dropped: a stalled server, or a network that swallows
+    /// packets without closing the connection, which the server's own timeout never sees.
+    /// Default: the statement timeout and 2 s more (12 s), or 12 s without one.
+    pub response_timeout: Duration,
     /// How many completed records to keep in memory for replays (0: none).
     pub replay_cache: usize,
     /// TLS: `sslmode`, `sslrootcert`, `sslcert`, `sslkey`.
@@ -40,6 +45,7 @@ impl Default for PostgresOptions {
             pool_size: 16,
             pool_timeout: Duration::from_secs(5),
             statement_timeout: Some(Duration::from_secs(10)),
+            response_timeout: Duration::from_secs(12),
             replay_cache: replay_cache::DEFAULT_CAPACITY,
             tls: TlsOptions::default(),
             transaction_pooler: false,
@@ -53,6 +59,7 @@ impl PostgresOptions {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let mut options = PostgresOptions::default();
         let mut statement_timeout_given = false;
+        let mut response_timeout = None;
         let mut client_cert = None;
         let mut client_key = None;
         let millis = |name: &str, value: &str| -> Result<u64, String> {
@@ -80,6 +87,15 @@ impl PostgresOptions {
                 }
                 "pool_timeout_ms" => {
                     options.pool_timeout = Duration::from_millis(millis(name, value)?);
+                }
+                "response_timeout_ms" => {
+                    let ms = millis(name, value)?;
+                    if ms == 0 {
+                        return Err(
+                            "`response_timeout_ms` must be positive: a call must end".into()
+                        );
+                    }
+                    response_timeout = Some(Duration::from_millis(ms));
                 }
                 "statement_timeout_ms" => {
                     let ms = millis(name, value)?;
@@ -143,6 +159,9 @@ impl PostgresOptions {
             }
             options.statement_timeout = None;
         }
+        options.response_timeout = response_timeout.unwrap_or_else(|| {
+            options.statement_timeout.unwrap_or(Duration::from_secs(10)) + Duration::from_secs(2)
+        });
         if let Some(timeout) = options.statement_timeout {
             let ours = format!("-c statement_timeout={}", timeout.as_millis());
             let all = match options.config.get_options() {
@@ -191,6 +210,24 @@ mod tests {
         assert!(PostgresOptions::from_url("postgres://h/db?schema=Bad-Name").is_err());
         assert!(PostgresOptions::from_url("postgres://h/db?pool_size=0").is_err());
         assert!(PostgresOptions::from_url("postgres://h/db?sslmode=allow").is_err());
+        let timeouts = |q: &str| PostgresOptions::from_url(&format!("postgres://h/db?{q}"));
+        assert_eq!(
+            timeouts("").unwrap().response_timeout,
+            Duration::from_secs(12)
+        );
+        assert_eq!(
+            timeouts("statement_timeout_ms=3000")
+                .unwrap()
+                .response_timeout,
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            timeouts("response_timeout_ms=700")
+                .unwrap()
+                .response_timeout,
+            Duration::from_millis(700)
+        );
+        assert!(timeouts("response_timeout_ms=0").is_err());
         let pooled = PostgresOptions::from_url("postgres://h/db?pooler=transaction").unwrap();
         assert!(pooled.transaction_pooler);
         assert_eq!(pooled.statement_timeout, None);
