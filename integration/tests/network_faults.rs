@@ -57,6 +57,13 @@ async fn proxied(var: &str, options: &str) -> Option<(FaultProxy, String)> {
     Some((proxy, url))
 }
 
+/// A raw connection to the server behind `proxy`.
+async fn raw(proxy: &FaultProxy) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+        .await
+        .unwrap()
+}
+
 fn run_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
@@ -222,14 +229,10 @@ async fn refused_connections_are_a_clear_error_at_open_on_postgres() {
 #[tokio::test]
 async fn the_proxy_swallows_replies_and_then_forwards_again() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Some(url) = test_server_url("IDEM_TEST_REDIS_URL") else {
+    let Some((proxy, _)) = proxied("IDEM_TEST_REDIS_URL", "").await else {
         return;
     };
-    let (server, _) = through(&url, 0, "");
-    let proxy = FaultProxy::start(server).await;
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
-        .await
-        .unwrap();
+    let mut conn = raw(&proxy).await;
     let mut buf = [0u8; 64];
     conn.write_all(b"PING\r\n").await.unwrap();
     let n = conn.read(&mut buf).await.unwrap();
@@ -252,14 +255,10 @@ async fn the_proxy_swallows_replies_and_then_forwards_again() {
 #[tokio::test]
 async fn the_proxy_cuts_replies_and_delays_chunks() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Some(url) = test_server_url("IDEM_TEST_REDIS_URL") else {
+    let Some((proxy, _)) = proxied("IDEM_TEST_REDIS_URL", "").await else {
         return;
     };
-    let (server, _) = through(&url, 0, "");
-    let proxy = FaultProxy::start(server).await;
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
-        .await
-        .unwrap();
+    let mut conn = raw(&proxy).await;
     let mut buf = [0u8; 64];
     proxy.set(Fault::CutReplies { after: 3 });
     conn.write_all(b"ECHO abcdef\r\n").await.unwrap();
@@ -268,9 +267,7 @@ async fn the_proxy_cuts_replies_and_delays_chunks() {
     let rest = tokio::time::timeout(Duration::from_millis(300), conn.read(&mut buf)).await;
     assert!(rest.is_err(), "then nothing, the socket open");
 
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
-        .await
-        .unwrap();
+    let mut conn = raw(&proxy).await;
     proxy.set(Fault::Latency { ms: 200 });
     let started = Instant::now();
     conn.write_all(b"PING\r\n").await.unwrap();

@@ -368,6 +368,14 @@ pub(crate) fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<Strin
     None
 }
 
+/// A URL query value with its `%XX` escapes decoded (a file name may hold any character).
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) fn percent_decoded(value: &str) -> String {
+    percent_encoding::percent_decode_str(value)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
 /// `now + d` in milliseconds, saturating.
 pub fn after(now: UnixMillis, d: Duration) -> UnixMillis {
     now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

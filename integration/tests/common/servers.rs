@@ -434,14 +434,7 @@ impl PrivateCluster {
             let owners: Vec<u16> = self
                 .primaries()
                 .into_iter()
-                .filter(|port| {
-                    let out = Command::new("redis-cli")
-                        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "EXISTS", key])
-                        .output()
-                        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                        .unwrap_or_default();
-                    matches!(out.trim(), "0" | "1")
-                })
+                .filter(|port| matches!(self.cli(*port, &["EXISTS", key]).trim(), "0" | "1"))
                 .collect();
             if let [owner] = owners[..] {
                 return owner;
@@ -468,12 +461,24 @@ impl PrivateCluster {
         }
     }
 
-    fn info(&self, port: u16, a: &str, b: &str) -> String {
-        Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string(), a, b])
+    /// `redis-cli` against the node on `port`.
+    fn redis_cli(port: u16) -> Command {
+        let mut cli = Command::new("redis-cli");
+        cli.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+        cli
+    }
+
+    /// What the node on `port` answers to `args` (nothing when it is down).
+    fn cli(&self, port: u16, args: &[&str]) -> String {
+        Self::redis_cli(port)
+            .args(args)
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default()
+    }
+
+    fn info(&self, port: u16, a: &str, b: &str) -> String {
+        self.cli(port, &[a, b])
     }
 
     /// The ports of the nodes that are primaries now.
@@ -514,16 +519,7 @@ impl PrivateCluster {
             .expect("the primary names its replica");
         let replica_pid = self.pid(replica);
         run(Command::new("kill").args(["-STOP", &replica_pid]));
-        run(Command::new("redis-cli").args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "CLIENT",
-            "KILL",
-            "TYPE",
-            "replica",
-        ]));
+        run(Self::redis_cli(port).args(["CLIENT", "KILL", "TYPE", "replica"]));
         std::thread::sleep(window);
         self.kill(port);
         run(Command::new("kill").args(["-CONT", &replica_pid]));

@@ -283,18 +283,7 @@ impl PostgresStore {
             .map_err(|e| {
                 StoreError::with_source(BACKEND, StoreErrorKind::Other, "building the pool", e)
             })?;
-        let store = PostgresStore {
-            inner: std::sync::Arc::new(Inner {
-                pool,
-                sql: Sql::new(&options.schema),
-                replays: ReplayCache::new(options.replay_cache),
-                encryption,
-                transaction_pooler: options.transaction_pooler,
-                response_timeout: options.response_timeout,
-            }),
-        };
-        store.migrate_in_time(&options.schema).await?;
-        Ok(store)
+        Self::over(pool, &options, encryption).await
     }
 
     /// A store over a pool you already have (its connections, TLS and timeouts are yours):
@@ -320,12 +309,21 @@ impl PostgresStore {
     /// # let _ = idem; Ok(()) }
     /// ```
     pub async fn from_pool(pool: Pool, options: PostgresOptions) -> Result<Self, StoreError> {
+        Self::over(pool, &options, Encryption::Unknown).await
+    }
+
+    /// The store over `pool`, its schema created or checked.
+    async fn over(
+        pool: Pool,
+        options: &PostgresOptions,
+        encryption: Encryption,
+    ) -> Result<Self, StoreError> {
         let store = PostgresStore {
             inner: std::sync::Arc::new(Inner {
                 pool,
                 sql: Sql::new(&options.schema),
                 replays: ReplayCache::new(options.replay_cache),
-                encryption: Encryption::Unknown,
+                encryption,
                 transaction_pooler: options.transaction_pooler,
                 response_timeout: options.response_timeout,
             }),

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::tls::{SslMode, TlsOptions};
-use crate::store::replay_cache;
+use crate::store::{percent_decoded, replay_cache};
 
 /// Options of a [`PostgresStore`](super::PostgresStore), usually taken from the URL.
 #[derive(Debug, Clone)]
@@ -122,11 +122,11 @@ impl PostgresOptions {
                     options.tls.root_cert = match value {
                         "" => return Err("`sslrootcert` needs a file name or `system`".into()),
                         "system" => None,
-                        path => Some(PathBuf::from(decode(path))),
+                        path => Some(PathBuf::from(percent_decoded(path))),
                     };
                 }
-                "sslcert" => client_cert = Some(PathBuf::from(decode(value))),
-                "sslkey" => client_key = Some(PathBuf::from(decode(value))),
+                "sslcert" => client_cert = Some(PathBuf::from(percent_decoded(value))),
+                "sslkey" => client_key = Some(PathBuf::from(percent_decoded(value))),
                 _ => passed_on.push(pair),
             }
         }
@@ -172,13 +172,6 @@ impl PostgresOptions {
         }
         Ok(options)
     }
-}
-
-/// A URL query value with its `%XX` escapes decoded (file names may hold any character).
-fn decode(value: &str) -> String {
-    percent_encoding::percent_decode_str(value)
-        .decode_utf8_lossy()
-        .into_owned()
 }
 
 pub(super) fn is_identifier(s: &str) -> bool {

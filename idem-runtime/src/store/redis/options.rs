@@ -194,11 +194,7 @@ fn path(name: &str, value: &str) -> Result<PathBuf, String> {
     if value.is_empty() {
         return Err(format!("`{name}` needs a file name"));
     }
-    Ok(PathBuf::from(
-        percent_encoding::percent_decode_str(value)
-            .decode_utf8_lossy()
-            .into_owned(),
-    ))
+    Ok(PathBuf::from(crate::store::percent_decoded(value)))
 }
 
 #[cfg(test)]
