@@ -5,6 +5,8 @@
 #[allow(dead_code, unreachable_pub)]
 #[path = "../examples/payments_server.rs"]
 mod payments_server;
+#[path = "common/proxy.rs"]
+mod proxy;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -956,4 +958,99 @@ async fn a_retry_after_beyond_the_budget_gives_up_at_once_with_a_clear_error() {
         started.elapsed() < Duration::from_secs(5),
         "it did not wait for nothing"
     );
+}
+
+/// The idem client through a fault proxy in front of the server: each fault strikes while a
+/// request is on its way, then the network heals. Every intent is charged once and its answer
+/// comes back (a swallowed or cut reply is a timeout; the retry, same key, is a replay); when
+/// the faults outlast the budget, the client gives up with a transport error, and the same key
+/// sent later charges once.
+#[tokio::test]
+async fn the_client_through_network_faults_charges_each_intent_once() {
+    use proxy::{Fault, FaultProxy};
+    let server = Server::start(Duration::ZERO).await;
+    let proxy = FaultProxy::start(server.addr).await;
+    let url = format!("http://127.0.0.1:{}/v1/payment_intents", proxy.port);
+    // No idle connections kept: every attempt opens one, as refused connections need.
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let client = IdemClient::new(http).retry_policy(RetryPolicy {
+        max_attempts: 20,
+        base_delay: Duration::from_millis(20),
+        max_delay: Duration::from_millis(100),
+        budget: Duration::from_secs(10),
+    });
+    let charged = |amount: u64| {
+        server
+            .charges()
+            .iter()
+            .filter(|c| c.amount == amount)
+            .count()
+    };
+    let faults = [
+        Fault::SwallowReplies,
+        Fault::CutReplies { after: 20 },
+        Fault::BlackHole,
+        Fault::Reset,
+        Fault::Refuse,
+        Fault::Latency { ms: 100 },
+    ];
+    for (amount, fault) in (1000..).zip(faults) {
+        proxy.set(fault);
+        let send = tokio::spawn(
+            client
+                .post(&url)
+                .with(|b| b.bearer_auth("user-faults"))
+                .key(key())
+                .form(&[("amount", amount.to_string()), ("currency", "eur".into())])
+                .send(),
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        proxy.set(Fault::None);
+        let answer = send
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{fault:?}: {e}"));
+        assert_eq!(answer.status(), 200, "{fault:?}");
+        if fault != (Fault::Latency { ms: 100 }) {
+            assert!(answer.attempts() >= 2, "{fault:?}: retried");
+        }
+        assert_eq!(charged(amount), 1, "{fault:?}: one charge");
+    }
+
+    // Faults that outlast the budget: the client gives up, and the request never reached the
+    // server; the same key later charges once.
+    proxy.set(Fault::BlackHole);
+    let intent = key();
+    let send = |client: &IdemClient| {
+        client
+            .post(&url)
+            .with(|b| b.bearer_auth("user-faults"))
+            .key(intent.clone())
+            .form(&[("amount", "2000"), ("currency", "eur")])
+            .send()
+    };
+    let short = IdemClient::new(
+        reqwest::Client::builder()
+            .timeout(Duration::from_millis(200))
+            .build()
+            .unwrap(),
+    )
+    .retry_policy(quick_policy(Duration::from_secs(1)));
+    let err = send(&short).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            idem::http::client::ClientError::Transport { attempts, .. } if attempts >= 2
+        ),
+        "{err:?}"
+    );
+    assert_eq!(charged(2000), 0);
+    proxy.set(Fault::None);
+    let answer = send(&client).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(charged(2000), 1);
 }

@@ -121,6 +121,30 @@ impl PrivatePostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// A stall (a paused VM, a machine swapping): SIGSTOP to the server and every backend;
+    /// sockets stay open, nothing answers. [`PrivatePostgres::resume`] ends it.
+    pub fn pause(&self) {
+        self.signal_all("-STOP");
+    }
+
+    /// Ends a [`PrivatePostgres::pause`].
+    pub fn resume(&self) {
+        self.signal_all("-CONT");
+    }
+
+    fn signal_all(&self, signal: &str) {
+        let pid = std::fs::read_to_string(self.data.join("postmaster.pid")).unwrap();
+        let pid = pid.lines().next().unwrap().trim().to_owned();
+        let children = Command::new("pgrep").args(["-P", &pid]).output().unwrap();
+        let mut pids = vec![pid];
+        pids.extend(
+            String::from_utf8_lossy(&children.stdout)
+                .split_whitespace()
+                .map(str::to_owned),
+        );
+        run(Command::new("kill").arg(signal).args(&pids));
+    }
+
     /// Runs `sql` as `postgres` over the server's local socket.
     pub fn psql(&self, sql: &str) {
         run(self
@@ -144,6 +168,12 @@ impl PrivatePostgres {
 
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
+        // A paused server would not hear the stop.
+        if let Ok(pid) = std::fs::read_to_string(self.data.join("postmaster.pid")) {
+            let pid = pid.lines().next().unwrap_or_default().trim().to_owned();
+            let _ = Command::new("pkill").args(["-CONT", "-P", &pid]).status();
+            let _ = Command::new("kill").args(["-CONT", &pid]).status();
+        }
         let _ = self
             .command("pg_ctl")
             .arg("-D")
@@ -222,6 +252,21 @@ impl PrivateRedis {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A stall: SIGSTOP; sockets stay open, nothing answers. [`PrivateRedis::resume`] ends it.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Ends a [`PrivateRedis::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        run(Command::new("kill").args([signal, &pid]));
     }
 }
 

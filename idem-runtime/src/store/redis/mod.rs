@@ -24,9 +24,13 @@
 //!   roots or to `tls_ca=PATH`, and name the host; `tls_cert` and `tls_key` present a client
 //!   certificate. A connection you built yourself: [`RedisStore::from_connection_manager`],
 //!   [`RedisStore::from_cluster`].
-//! - **Connection loss is survivable.** One multiplexed connection, re-established when it
-//!   breaks; an operation whose connection broke before the answer is sent again once, and each
-//!   script recognises its own token, so sending it twice is harmless.
+//! - **Connection loss is survivable.** One multiplexed connection, replaced when it breaks,
+//!   when a reply does not come within `timeout_ms`, or when a reply comes back out of order
+//!   (every request is tagged, see `connection.rs`): a lost reply never becomes another
+//!   request's answer. An operation whose connection failed before the answer is sent again
+//!   once, on a new connection, and each script recognises its own token, so sending it twice is
+//!   harmless. A store operation therefore ends within two connection timeouts and two response
+//!   timeouts (`2 × 2 × timeout_ms`).
 //!
 //! **Durability depends on the server.** Redis answers a write before it reaches the disk. With
 //! `appendonly no` (the default of many installations) a restart of Redis forgets every claim,
@@ -62,7 +66,8 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::AsyncConnectionConfig;
+use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use crate::error::{StoreError, StoreErrorKind};
@@ -238,12 +243,7 @@ impl RedisStore {
                 builder = builder.certs(certificates);
             }
             let client = builder.build().map_err(malformed)?;
-            Connection::Cluster(
-                client
-                    .get_async_connection()
-                    .await
-                    .map_err(|e| first_connection_error(OP, e, options.tls()))?,
-            )
+            Connection::to_cluster(client).await
         } else {
             let url = options.nodes[0].as_str();
             let client = match certificates {
@@ -251,17 +251,12 @@ impl RedisStore {
                 None => redis::Client::open(url),
             }
             .map_err(malformed)?;
-            let config = ConnectionManagerConfig::new()
+            let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(options.timeout))
-                .set_response_timeout(Some(options.timeout))
-                .set_number_of_retries(2)
-                .set_max_delay(Duration::from_millis(500));
-            Connection::Single(
-                ConnectionManager::new_with_config(client, config)
-                    .await
-                    .map_err(|e| first_connection_error(OP, e, options.tls()))?,
-            )
-        };
+                .set_response_timeout(Some(options.timeout));
+            Connection::to_server(client, config).await
+        }
+        .map_err(|e| first_connection_error(OP, e, options.tls()))?;
         Self::over(conn, &options, Some(options.tls())).await
     }
 
@@ -286,7 +281,7 @@ impl RedisStore {
         conn: ConnectionManager,
         options: &RedisOptions,
     ) -> Result<Self, StoreError> {
-        Self::over(Connection::Single(conn), options, None).await
+        Self::over(Connection::given_manager(conn), options, None).await
     }
 
     /// A store over a Redis Cluster connection you already have, as
@@ -295,7 +290,7 @@ impl RedisStore {
         conn: redis::cluster_async::ClusterConnection,
         options: &RedisOptions,
     ) -> Result<Self, StoreError> {
-        Self::over(Connection::Cluster(conn), options, None).await
+        Self::over(Connection::given_cluster(conn), options, None).await
     }
 
     async fn over(
