@@ -186,6 +186,35 @@ fn markdown(results: &Results) -> String {
             ));
         }
     }
+    if results
+        .median("replay_working_set", "raw_select/1000")
+        .is_some()
+    {
+        out.push_str("\n## Replays over a working set larger than the replay cache\n\n");
+        out.push_str(
+            "SQLite, replays cycling over the intents just completed (an agent fleet retrying its \
+             recent steps), with a 100 KiB replay cache (about 360 of these records) and with \
+             none, next to the raw SELECT + deserialize over the same cycle.\n\n",
+        );
+        out.push_str(
+            "| intents | idem, cache on | idem, cache off | raw SELECT | on vs raw | off vs raw | on vs off |\n\
+             |---|---|---|---|---|---|---|\n",
+        );
+        for size in [1000, 4000] {
+            let at =
+                |bench: &str| results.per_second("replay_working_set", &format!("{bench}/{size}"));
+            let (on, off, raw) = (at("idem"), at("idem_no_cache"), at("raw_select"));
+            out.push_str(&format!(
+                "| {size} | {} | {} | {} | {} | {} | {} |\n",
+                rate(on),
+                rate(off),
+                rate(raw),
+                ratio(on, raw),
+                ratio(off, raw),
+                ratio(on, off),
+            ));
+        }
+    }
     out.push_str("\n## Fresh calls with concurrent callers\n\n");
     out.push_str(
         "Calls/s with 1, 8 and 64 callers making new intents at once; 8 callers against the \

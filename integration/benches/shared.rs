@@ -23,13 +23,8 @@ use idem::Idem;
 
 mod support;
 use support::{
-    Payment, criterion_dir, median_ns, payment_json, ratio_row, register_payment, runtime,
+    Payment, criterion_dir, median_ns, payment_json, ratio_row, raw_key, register_payment, runtime,
 };
-
-/// A key as a hand-written store would make it: hashed, so rows land at random B-tree positions.
-fn raw_key(tenant: &str, n: u64) -> [u8; 32] {
-    *idem::derive_key(tenant, "raw", &[idem::key::KeyPart::new(&n).expect("part")]).as_bytes()
-}
 
 /// A tenant of this run only, so reruns against the same server never meet old records.
 fn run_tenant() -> String {

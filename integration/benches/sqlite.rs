@@ -1,6 +1,9 @@
 //! idem on the embedded SQLite store, next to hand-written rusqlite baselines in the same run.
 //!
 //! - `replay`: a retried call answered from the store, vs a prepared point SELECT + deserialize.
+//! - `replay_working_set`: replays cycling over the intents an agent fleet just completed,
+//!   more than the replay cache holds (about 3× and 11× a 100 KiB cache), with the cache on and
+//!   off, vs the raw SELECT over the same cycle.
 //! - `fresh`: a new intent (claim, body, completion; two durable commits), vs a hand-written
 //!   INSERT `in_flight` + UPDATE `completed` with the same durability (WAL, synchronous=FULL).
 //! - `fresh_concurrent`: fresh calls/s with 1, 8 and 64 callers (group commit at work).
@@ -20,7 +23,8 @@ use criterion::{Criterion, Throughput};
 use idem::Idem;
 use rusqlite::{Connection, params};
 use support::{
-    Payment, criterion_dir, median_ns, payment_json, ratio_row as row, register_payment, runtime,
+    Payment, criterion_dir, median_ns, payment_json, ratio_row as row, raw_key, register_payment,
+    runtime,
 };
 
 mod support;
@@ -104,6 +108,75 @@ fn replay(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
             serde_json::from_slice::<Payment>(&bytes).expect("decode")
         })
     });
+    group.finish();
+}
+
+/// The replay cache the working-set group gives idem: about 360 records of this size.
+const WORKING_SET_CACHE_KIB: usize = 100;
+/// Working sets about 3× and 11× that cache.
+const WORKING_SETS: [u64; 2] = [1_000, 4_000];
+
+fn replay_working_set(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
+    let mut group = c.benchmark_group("replay_working_set");
+    group.throughput(Throughput::Elements(1));
+    let file = dir.join("working-set.db");
+    let url = |cache: usize| format!("sqlite://{}?replay_cache={cache}", file.display());
+    let cached = rt
+        .block_on(Idem::open(&url(WORKING_SET_CACHE_KIB)))
+        .expect("open");
+    let uncached = rt.block_on(Idem::open(&url(0))).expect("open");
+    let (cached, uncached) = (cached.scope("tenant-a"), uncached.scope("tenant-a"));
+    let call = |n: u64| register_payment("run-ws".into(), n, "cus_42".into(), 500);
+    let largest = *WORKING_SETS.iter().max().expect("sizes");
+    rt.block_on(async {
+        let mut calls = tokio::task::JoinSet::new();
+        for n in 0..largest {
+            let uncached = uncached.clone();
+            calls.spawn(async move { uncached.run(call(n)).await.expect("call") });
+            if calls.len() >= 64 {
+                calls.join_next().await;
+            }
+        }
+        calls.join_all().await;
+    });
+    let conn = raw_connection(&dir.join("working-set-raw.db"));
+    conn.execute_batch("BEGIN").expect("begin");
+    for n in 0..largest {
+        conn.execute(
+            "INSERT INTO raw VALUES ('tenant-a', ?1, ?2, 'completed', 1, 0, 0, 0, ?3)",
+            params![&raw_key("tenant-a", n)[..], &[0u8; 32][..], payment_json(n)],
+        )
+        .expect("insert");
+    }
+    conn.execute_batch("COMMIT").expect("commit");
+    for size in WORKING_SETS {
+        for (name, scope) in [("idem", &cached), ("idem_no_cache", &uncached)] {
+            let next = AtomicU64::new(0);
+            group.bench_function(format!("{name}/{size}"), |b| {
+                b.to_async(rt).iter(|| async {
+                    let n = next.fetch_add(1, Ordering::Relaxed) % size;
+                    let out = scope.run(call(n)).await.expect("call");
+                    assert!(out.is_replayed());
+                    out
+                })
+            });
+        }
+        let mut n = 0;
+        group.bench_function(format!("raw_select/{size}"), |b| {
+            b.iter(|| {
+                n = (n + 1) % size;
+                let mut stmt = conn
+                    .prepare_cached("SELECT result FROM raw WHERE tenant = ?1 AND key = ?2")
+                    .expect("prepare");
+                let bytes: Vec<u8> = stmt
+                    .query_row(params!["tenant-a", &raw_key("tenant-a", n)[..]], |r| {
+                        r.get(0)
+                    })
+                    .expect("row");
+                serde_json::from_slice::<Payment>(&bytes).expect("decode")
+            })
+        });
+    }
     group.finish();
 }
 
@@ -283,6 +356,29 @@ fn summary() {
         median_ns("replay", "raw_select"),
         0.8,
     );
+    for size in WORKING_SETS {
+        let m = |bench: &str| median_ns("replay_working_set", &format!("{bench}/{size}"));
+        row(
+            &format!(
+                "replay over {size} intents (cache {WORKING_SET_CACHE_KIB} KiB): idem vs raw SELECT"
+            ),
+            m("idem"),
+            m("raw_select"),
+            0.9,
+        );
+        row(
+            &format!("replay over {size} intents, cache off: idem vs raw SELECT"),
+            m("idem_no_cache"),
+            m("raw_select"),
+            0.9,
+        );
+        row(
+            &format!("replay over {size} intents: cache on vs off"),
+            m("idem"),
+            m("idem_no_cache"),
+            1.0,
+        );
+    }
     row(
         "fresh: idem vs raw INSERT + UPDATE",
         median_ns("fresh", "idem"),
@@ -330,6 +426,7 @@ fn main() {
         .output_directory(&criterion_dir())
         .configure_from_args();
     replay(&mut c, &dir, &rt);
+    replay_working_set(&mut c, &dir, &rt);
     fresh(&mut c, &dir, &rt);
     fresh_concurrent(&mut c, &dir, &rt);
     renewal(&mut c, &dir, &rt);

@@ -5,11 +5,18 @@
 //! mismatch) found once can be answered again from memory, without a store round trip, until the
 //! record expires. Two bounds keep that honest: entries are dropped after [`MAX_AGE`] anyway (so
 //! an operator who deletes a record by hand is seen within seconds), and only results up to
-//! [`MAX_RESULT`] bytes are kept, at most `capacity` of them (oldest evicted first).
+//! [`MAX_RESULT`] bytes are kept.
+//!
+//! The cache is weighed in bytes (`replay_cache=N` KiB) and evicts by S3-FIFO (quick_cache): a
+//! record seen once enters a small probationary queue and leaves it unless it is asked for again,
+//! so an agent fleet cycling over more intents than fit never flushes the records asked for
+//! again and again.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use quick_cache::Weighter;
+use quick_cache::sync::Cache;
 
 use super::{Claim, UnixMillis};
 use crate::fingerprint::Fingerprint;
@@ -19,40 +26,50 @@ use crate::key::IdempotencyKey;
 pub(crate) const MAX_AGE: Duration = Duration::from_secs(10);
 /// Largest result kept.
 pub(crate) const MAX_RESULT: usize = 16 * 1024;
-/// Default number of entries.
+/// Default size, in KiB.
 pub(crate) const DEFAULT_CAPACITY: usize = 1024;
+/// What an entry weighs besides its tenant and result: the key, the fingerprint, the times and
+/// the cache's own bookkeeping.
+const ENTRY_OVERHEAD: usize = 160;
 
 /// Parses the `replay_cache=N` option every store URL takes.
 pub(crate) fn parse_capacity(value: &str) -> Result<usize, String> {
     value.parse().map_err(|_| {
-        format!("`replay_cache` must be a number of entries (0 disables it), not `{value}`")
+        format!("`replay_cache` must be a size in KiB (0 disables the cache), not `{value}`")
     })
 }
 
 struct Entry {
     tenant: Box<str>,
     fingerprint: Fingerprint,
-    result: Arc<[u8]>,
+    result: Box<[u8]>,
     expires_at: UnixMillis,
     cached_at: Instant,
 }
 
-#[derive(Default)]
-struct Entries {
-    map: HashMap<IdempotencyKey, Entry>,
-    order: VecDeque<IdempotencyKey>,
+/// An entry weighs its bytes.
+#[derive(Clone)]
+struct Bytes;
+
+impl Weighter<IdempotencyKey, Arc<Entry>> for Bytes {
+    fn weight(&self, _key: &IdempotencyKey, entry: &Arc<Entry>) -> u64 {
+        (ENTRY_OVERHEAD + entry.tenant.len() + entry.result.len()) as u64
+    }
 }
 
 pub(crate) struct ReplayCache {
-    capacity: usize,
-    entries: Mutex<Entries>,
+    entries: Option<Cache<IdempotencyKey, Arc<Entry>, Bytes>>,
 }
 
 impl ReplayCache {
-    pub(crate) fn new(capacity: usize) -> Self {
+    /// A cache of `kib` KiB; none at 0.
+    pub(crate) fn new(kib: usize) -> Self {
+        let bytes = kib.saturating_mul(1024);
         ReplayCache {
-            capacity,
-            entries: Mutex::new(Entries::default()),
+            entries: (bytes > 0).then(|| {
+                // The estimate sizes the table up front: entries of a few hundred bytes.
+                Cache::with_weighter((bytes / 256).max(16), bytes as u64, Bytes)
+            }),
         }
     }
 
@@ -64,13 +81,13 @@ impl ReplayCache {
         fingerprint: Fingerprint,
         now: UnixMillis,
     ) -> Option<Claim> {
-        if self.capacity == 0 {
+        let entries = self.entries.as_ref()?;
+        let entry = entries.get(key)?;
+        if entry.expires_at <= now || entry.cached_at.elapsed() >= MAX_AGE {
+            entries.remove(key);
             return None;
         }
-        let entries = self.entries.lock().ok()?;
-        let entry = entries.map.get(key)?;
-        let live = entry.expires_at > now && entry.cached_at.elapsed() < MAX_AGE;
-        if !live || &*entry.tenant != tenant {
+        if &*entry.tenant != tenant {
             return None;
         }
         Some(if entry.fingerprint == fingerprint {
@@ -91,12 +108,12 @@ impl ReplayCache {
         result: &[u8],
         expires_at: UnixMillis,
     ) {
-        if self.capacity == 0 || result.len() > MAX_RESULT {
-            return;
-        }
-        let Ok(mut entries) = self.entries.lock() else {
+        let Some(entries) = &self.entries else {
             return;
         };
+        if result.len() > MAX_RESULT {
+            return;
+        }
         let entry = Entry {
             tenant: tenant.into(),
             fingerprint,
@@ -104,17 +121,7 @@ impl ReplayCache {
             expires_at,
             cached_at: Instant::now(),
         };
-        if entries.map.insert(key, entry).is_none() {
-            entries.order.push_back(key);
-        }
-        while entries.map.len() > self.capacity {
-            match entries.order.pop_front() {
-                Some(oldest) => {
-                    entries.map.remove(&oldest);
-                }
-                None => break,
-            }
-        }
+        entries.insert(key, Arc::new(entry));
     }
 }
 
@@ -151,18 +158,60 @@ mod tests {
     }
 
     #[test]
-    fn is_bounded() {
-        let cache = ReplayCache::new(2);
+    fn is_bounded_in_bytes() {
+        let cache = ReplayCache::new(1);
         let fp = Fingerprint::from_bytes([1; 32]);
-        for n in 0..3 {
-            cache.put("t", key(n), fp, b"r", 100);
+        for n in 0..100 {
+            cache.put("t", key(n), fp, &[0; 100], 100);
         }
-        assert_eq!(cache.get("t", &key(0), fp, 1), None, "oldest evicted");
-        assert!(cache.get("t", &key(2), fp, 1).is_some());
-        cache.put("t", key(9), fp, &vec![0; MAX_RESULT + 1], 100);
-        assert_eq!(cache.get("t", &key(9), fp, 1), None, "too large to keep");
+        let kept = (0..100)
+            .filter(|n| cache.get("t", &key(*n), fp, 1).is_some())
+            .count();
+        assert!(
+            kept > 0 && kept * (ENTRY_OVERHEAD + 101) <= 1024,
+            "{kept} entries kept"
+        );
+        cache.put("t", key(200), fp, &vec![0; MAX_RESULT + 1], 100);
+        assert_eq!(cache.get("t", &key(200), fp, 1), None, "too large to keep");
         let off = ReplayCache::new(0);
         off.put("t", derive_key("t", "x", &[]), fp, b"r", 100);
         assert_eq!(off.get("t", &derive_key("t", "x", &[]), fp, 1), None);
+    }
+
+    /// A working set twice the cache, cycled through over and over (an agent fleet replaying
+    /// the intents it just completed): a FIFO or LRU cache keeps none of it when it is asked
+    /// again; the records asked for again and again are kept.
+    #[test]
+    fn a_scan_larger_than_the_cache_does_not_flush_what_is_asked_for_again() {
+        let cache = ReplayCache::new(64);
+        let fp = Fingerprint::from_bytes([1; 32]);
+        let hot: Vec<_> = (0..20u8)
+            .map(|n| IdempotencyKey::from_bytes([n; 32]))
+            .collect();
+        for k in &hot {
+            cache.put("t", *k, fp, &[0; 100], 100);
+            assert!(cache.get("t", k, fp, 1).is_some());
+        }
+        for round in 0..5u32 {
+            for n in 0..2000u32 {
+                let mut bytes = [0xAB; 32];
+                bytes[..4].copy_from_slice(&n.to_le_bytes());
+                bytes[4..8].copy_from_slice(&round.to_le_bytes());
+                let scanned = IdempotencyKey::from_bytes(bytes);
+                if cache.get("t", &scanned, fp, 1).is_none() {
+                    cache.put("t", scanned, fp, &[0; 100], 100);
+                }
+                if n % 50 == 0 {
+                    for k in &hot {
+                        let _ = cache.get("t", k, fp, 1);
+                    }
+                }
+            }
+        }
+        let kept = hot
+            .iter()
+            .filter(|k| cache.get("t", k, fp, 1).is_some())
+            .count();
+        assert!(kept >= 18, "{kept} of 20 hot records kept through the scan");
     }
 }

@@ -32,6 +32,11 @@ pub async fn register_payment(
 }
 
 /// The JSON a raw baseline stores for step `n`, the same value idem stores.
+/// A key as a hand-written store would make it: hashed, so rows land at random B-tree positions.
+pub fn raw_key(tenant: &str, n: u64) -> [u8; 32] {
+    *idem::derive_key(tenant, "raw", &[idem::key::KeyPart::new(&n).expect("part")]).as_bytes()
+}
+
 pub fn payment_json(n: u64) -> Vec<u8> {
     serde_json::to_vec(&Payment {
         payment_id: format!("pay_run-1_{n}"),

@@ -31,7 +31,7 @@
 //! (waiting for a connection, default 5000), `statement_timeout_ms` (default 10000; 0 turns it
 //! off), `response_timeout_ms` (how long a statement may go unanswered on the client's side, for
 //! a stalled server or a network that drops packets: default the statement timeout + 2000, and
-//! the connection is then dropped), `replay_cache` (entries, default 1024, 0 turns it off), and the libpq TLS options
+//! the connection is then dropped), `replay_cache` (KiB, default 1024, 0 turns it off), and the libpq TLS options
 //! `sslmode` (`disable`, `prefer` (default), `require`, `verify-ca`, `verify-full`),
 //! `sslrootcert` (a PEM file of trusted roots, or `system`, the default), `sslcert` and `sslkey`
 //! (a client certificate): see [`TlsOptions`]. A pool you already have is used with

@@ -24,7 +24,7 @@ pub struct PostgresOptions {
     /// packets without closing the connection, which the server's own timeout never sees.
     /// Default: the statement timeout and 2 s more (12 s), or 12 s without one.
     pub response_timeout: Duration,
-    /// How many completed records to keep in memory for replays (0: none).
+    /// The size of the in-memory cache of completed records for replays, in KiB (0: none).
     pub replay_cache: usize,
     /// TLS: `sslmode`, `sslrootcert`, `sslcert`, `sslkey`.
     pub tls: TlsOptions,

@@ -61,7 +61,7 @@
 //!
 //! URL: `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB][?option=value&…]` with `prefix` (letters,
 //! digits, `_`, `-`, `.`; default `idem`), `timeout_ms` (connect and response timeout, default
-//! 5000) and `replay_cache` (entries, default 1024, 0 turns it off). TLS (`rediss://`) is not
+//! 5000) and `replay_cache` (KiB, default 1024, 0 turns it off). TLS (`rediss://`) is not
 //! supported by this build.
 
 use std::time::Duration;

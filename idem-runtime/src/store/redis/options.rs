@@ -27,7 +27,7 @@ pub struct RedisOptions {
     pub prefix: String,
     /// Connect and response timeout.
     pub timeout: Duration,
-    /// How many completed records to keep in memory for replays (0: none).
+    /// The size of the in-memory cache of completed records for replays, in KiB (0: none).
     pub replay_cache: usize,
     /// How many replicas must acknowledge a new claim before its body runs (Redis `WAIT`; 0,
     /// the default, waits for none). A claim acknowledged by fewer within `wait_timeout` is a

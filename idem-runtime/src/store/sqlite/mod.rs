@@ -21,7 +21,9 @@
 //! - **A versioned schema**, created on open; a file written by a newer schema is refused.
 //! - **Replays from memory.** A completed record cannot change before it expires, so replays
 //!   (and mismatches against it) found once are answered from a small in-process cache
-//!   (1024 records of up to 16 KiB by default, each trusted for at most 10 s).
+//!   (1 MiB by default, `replay_cache=N` KiB; records of up to 16 KiB, each trusted for at most
+//!   10 s; S3-FIFO eviction, so cycling over more intents than fit never flushes the ones asked
+//!   for again).
 //!
 //! URL options: `sqlite://PATH?synchronous=full|normal&busy_timeout_ms=N&replay_cache=N`.
 //! `normal` survives a crash of the process but not a power loss; [`StoreHealth::durable`] says

@@ -23,7 +23,7 @@ pub struct SqliteOptions {
     pub synchronous: Synchronous,
     /// How long to wait for another process's write lock before failing with a timeout.
     pub busy_timeout: Duration,
-    /// How many completed records to keep in memory for replays (0: none). See below.
+    /// The size of the in-memory cache of completed records for replays, in KiB (0: none).
     pub replay_cache: usize,
 }
 
