@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use criterion::{Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 use idem::Idem;
 use rusqlite::{Connection, params};
 use support::{
@@ -152,7 +152,7 @@ fn replay_working_set(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtim
     for size in WORKING_SETS {
         for (name, scope) in [("idem", &cached), ("idem_no_cache", &uncached)] {
             let next = AtomicU64::new(0);
-            group.bench_function(format!("{name}/{size}"), |b| {
+            group.bench_function(BenchmarkId::new(name, size), |b| {
                 b.to_async(rt).iter(|| async {
                     let n = next.fetch_add(1, Ordering::Relaxed) % size;
                     let out = scope.run(call(n)).await.expect("call");
@@ -162,7 +162,7 @@ fn replay_working_set(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtim
             });
         }
         let mut n = 0;
-        group.bench_function(format!("raw_select/{size}"), |b| {
+        group.bench_function(BenchmarkId::new("raw_select", size), |b| {
             b.iter(|| {
                 n = (n + 1) % size;
                 let mut stmt = conn
