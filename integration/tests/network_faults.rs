@@ -4,32 +4,22 @@
 //! many times the body ran; lost replies to claims, completions and releases; the retry
 //! executor under faults. The random schedules are in `network_schedules.rs`.
 
+mod common;
 #[path = "common/proxy.rs"]
 mod proxy;
 #[path = "common/servers.rs"]
 mod servers;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::{effect, effects};
 use idem::key::{KeyPart, derive_key};
 use idem::store::RecordStatus;
 use idem::store::conformance::test_server_url;
 use idem::{Error, Idem, Outcome, idempotent};
 use proxy::{Fault, FaultProxy};
-
-/// How many times the body ran, by run id (tests run in parallel).
-static RUNS: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
-
-fn runs(run_id: &str) -> usize {
-    RUNS.lock()
-        .unwrap()
-        .as_ref()
-        .and_then(|m| m.get(run_id).copied())
-        .unwrap_or(0)
-}
 
 /// Run ids whose body waits until the test lets it go.
 static HELD: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -51,12 +41,7 @@ async fn charge(run_id: String) -> Result<u32, Infallible> {
     while HELD.lock().unwrap().contains(&run_id) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    *RUNS
-        .lock()
-        .unwrap()
-        .get_or_insert_with(HashMap::new)
-        .entry(run_id)
-        .or_default() += 1;
+    effect(&run_id);
     Ok(7)
 }
 
@@ -80,7 +65,7 @@ async fn a_reset_fails_the_call_closed_and_the_store_recovers_after_it_on_postgr
     let id = run_id();
     let answer = scope.run(charge(id.clone())).await;
     assert!(matches!(&answer, Err(e) if e.is_store()), "{answer:?}");
-    assert_eq!(runs(&id), 0, "the body did not run");
+    assert_eq!(effects(&id), 0, "the body did not run");
     proxy.set(Fault::None);
     let answer = scope.run(charge(id)).await;
     assert!(matches!(answer, Ok(Outcome::Fresh(7))), "{answer:?}");
@@ -109,7 +94,7 @@ async fn a_black_hole_is_a_store_error_within_the_timeout_on_redis() {
         waited < Duration::from_millis(2 * (300 + 300) + 300),
         "{waited:?}"
     );
-    assert_eq!(runs(&id), 0, "the body did not run");
+    assert_eq!(effects(&id), 0, "the body did not run");
     proxy.set(Fault::None);
     let mut healed = false;
     for _ in 0..20 {
@@ -150,7 +135,7 @@ async fn a_black_hole_is_a_store_error_within_the_response_timeout_on_postgres()
     );
     // The bound: one response timeout (the connection was already open).
     assert!(waited < Duration::from_millis(500 + 1000), "{waited:?}");
-    assert_eq!(runs(&id), 0, "the body did not run");
+    assert_eq!(effects(&id), 0, "the body did not run");
     proxy.set(Fault::None);
     let answer = scope.run(charge(run_id())).await;
     assert!(matches!(answer, Ok(Outcome::Fresh(7))), "{answer:?}");
@@ -171,7 +156,7 @@ async fn a_lost_reply_to_a_claim_runs_the_body_once_after_the_lease_on_redis() {
     proxy.set(Fault::SwallowReplies);
     let answer = scope.run(charge(id.clone())).await;
     assert!(matches!(&answer, Err(e) if e.is_store()), "{answer:?}");
-    assert_eq!(runs(&id), 0, "the body did not run");
+    assert_eq!(effects(&id), 0, "the body did not run");
     // The connection lives on, one reply short: the store throws it away and opens another.
     proxy.set(Fault::None);
     let started = Instant::now();
@@ -199,7 +184,7 @@ async fn a_lost_reply_to_a_claim_runs_the_body_once_after_the_lease_on_redis() {
         fresh <= Duration::from_secs(3),
         "taken over after {fresh:?}"
     );
-    assert_eq!(runs(&id), 1, "one run in all");
+    assert_eq!(effects(&id), 1, "one run in all");
 }
 
 /// Run ids whose `try_charge` may succeed; the others fail and release their claim.
@@ -218,12 +203,7 @@ async fn try_charge(run_id: String) -> Result<u32, NotYet> {
     if !ALLOWED.lock().unwrap().contains(&run_id) {
         return Err(NotYet);
     }
-    *RUNS
-        .lock()
-        .unwrap()
-        .get_or_insert_with(HashMap::new)
-        .entry(run_id)
-        .or_default() += 1;
+    effect(&run_id);
     Ok(7)
 }
 
@@ -241,6 +221,25 @@ async fn status(direct: &Idem, tenant: &str, tool: &str, run_id: &str) -> Option
     let key = derive_key(tenant, tool, &[KeyPart::new(run_id).unwrap()]);
     let record = direct.store().lookup(tenant, key).await.unwrap();
     record.map(|r| r.status)
+}
+
+/// Runs `call`, whose body waits while `id` is held; lets the body finish while replies are
+/// swallowed; waits until `reached` finds on the server the write that followed the body; and
+/// resets the open connections, so that write's reply is lost. Answers what the call answers.
+async fn lose_the_reply_after_the_body<T: Send + 'static>(
+    proxy: &FaultProxy,
+    id: &str,
+    call: impl Future<Output = T> + Send + 'static,
+    reached: impl AsyncFnMut() -> bool,
+) -> T {
+    HELD.lock().unwrap().push(id.to_owned());
+    let call = tokio::spawn(call);
+    until("the body began", async || entered(id) == 1).await;
+    proxy.set(Fault::SwallowReplies);
+    HELD.lock().unwrap().retain(|held| held != id);
+    until("the write after the body reached the server", reached).await;
+    proxy.reset_open();
+    call.await.unwrap()
 }
 
 /// A claim, a completion and a release each reach the server, their replies are lost, and
@@ -279,50 +278,32 @@ async fn lost_replies_are_recognised(var: &str, options: &str) {
     proxy.reset_open();
     let answer = call.await.unwrap();
     assert!(matches!(answer, Ok(Outcome::Fresh(7))), "claim: {answer:?}");
-    assert_eq!(runs(&id), 1);
+    assert_eq!(effects(&id), 1);
 
     // The completion.
     warm_up().await;
     let id = run_id();
-    HELD.lock().unwrap().push(id.clone());
-    let call = tokio::spawn({
-        let (scope, id) = (scope.clone(), id.clone());
-        async move { scope.run(charge(id)).await }
-    });
-    until("the body began", async || entered(&id) == 1).await;
-    proxy.set(Fault::SwallowReplies);
-    HELD.lock().unwrap().retain(|held| *held != id);
-    until("the completion reached the server", async || {
-        status(&direct, &tenant, "faults.charge", &id).await == Some(RecordStatus::Completed)
-    })
-    .await;
-    proxy.reset_open();
-    let answer = call.await.unwrap();
+    let answer =
+        lose_the_reply_after_the_body(&proxy, &id, scope.run(charge(id.clone())), async || {
+            status(&direct, &tenant, "faults.charge", &id).await == Some(RecordStatus::Completed)
+        })
+        .await;
     assert!(
         matches!(answer, Ok(Outcome::Fresh(7))),
         "completion: {answer:?}"
     );
-    assert_eq!(runs(&id), 1);
+    assert_eq!(effects(&id), 1);
 
     // The release.
     warm_up().await;
     let id = run_id();
-    HELD.lock().unwrap().push(id.clone());
-    let call = tokio::spawn({
-        let (scope, id) = (scope.clone(), id.clone());
-        async move { scope.run(try_charge(id)).await }
-    });
-    until("the body began", async || entered(&id) == 1).await;
-    proxy.set(Fault::SwallowReplies);
-    HELD.lock().unwrap().retain(|held| *held != id);
-    until("the release reached the server", async || {
-        status(&direct, &tenant, "faults.try_charge", &id)
-            .await
-            .is_none()
-    })
-    .await;
-    proxy.reset_open();
-    let answer = call.await.unwrap();
+    let answer =
+        lose_the_reply_after_the_body(&proxy, &id, scope.run(try_charge(id.clone())), async || {
+            status(&direct, &tenant, "faults.try_charge", &id)
+                .await
+                .is_none()
+        })
+        .await;
     assert!(
         matches!(
             answer,
@@ -339,7 +320,7 @@ async fn lost_replies_are_recognised(var: &str, options: &str) {
         matches!(answer, Ok(Outcome::Fresh(7))),
         "the key is free: {answer:?}"
     );
-    assert_eq!(runs(&id), 1);
+    assert_eq!(effects(&id), 1);
 }
 
 #[tokio::test]
@@ -395,8 +376,8 @@ async fn a_reply_lost_on_a_live_connection_is_never_taken_for_another_ones_on_re
     );
     HELD.lock().unwrap().retain(|id| *id != held);
     assert!(matches!(owner.await.unwrap(), Ok(Outcome::Fresh(7))));
-    assert_eq!(runs(&held), 1, "the held key ran once");
-    assert_eq!(runs(&other), 1);
+    assert_eq!(effects(&held), 1, "the held key ran once");
+    assert_eq!(effects(&other), 1);
 }
 
 #[tokio::test]
@@ -508,9 +489,9 @@ async fn a_stall_fails_within(url: &str, bound: Duration, pause: impl Fn(), resu
     println!("a stalled server: a store error after {waited:?} (bound {bound:?})");
     // 300 ms more for the scheduler of a busy test machine.
     assert!(waited < bound + Duration::from_millis(300), "{waited:?}");
-    assert_eq!(runs(&id), 0, "the body did not run");
+    assert_eq!(effects(&id), 0, "the body did not run");
     fresh_within(&scope, &id, Duration::from_secs(10)).await;
-    assert_eq!(runs(&id), 1, "one run in all");
+    assert_eq!(effects(&id), 1, "one run in all");
 }
 
 /// Postgres: the bound is the pool's wait, create and recycle timeouts and one response timeout.
@@ -575,8 +556,10 @@ async fn the_retry_executor_through_network_faults_makes_one_effect_per_step() {
         proxy.set(Fault::None);
         let answer = step.await.unwrap();
         match &answer {
-            Ok(Outcome::Fresh(7) | Outcome::Replayed(7)) => assert_eq!(runs(&id), 1, "{fault:?}"),
-            Err(RetryError::Call(e)) if e.body_ran() => assert_eq!(runs(&id), 1, "{fault:?}"),
+            Ok(Outcome::Fresh(7) | Outcome::Replayed(7)) => {
+                assert_eq!(effects(&id), 1, "{fault:?}")
+            }
+            Err(RetryError::Call(e)) if e.body_ran() => assert_eq!(effects(&id), 1, "{fault:?}"),
             other => panic!("{fault:?}: {other:?}"),
         }
     }
@@ -593,7 +576,7 @@ async fn the_retry_executor_through_network_faults_makes_one_effect_per_step() {
         matches!(answer, Err(RetryError::DeadLetterFailed { .. })),
         "{answer:?}"
     );
-    assert_eq!(runs(&id), 0);
+    assert_eq!(effects(&id), 0);
     proxy.set(Fault::None);
     let answer = scope.run(retry(&policy, || charge(id.clone()))).await;
     assert!(matches!(answer, Ok(Outcome::Fresh(7))), "{answer:?}");
@@ -617,5 +600,5 @@ async fn the_retry_executor_through_network_faults_makes_one_effect_per_step() {
     assert_eq!(letters.len(), 1, "{letters:?}");
     HELD.lock().unwrap().retain(|id| *id != held);
     assert!(matches!(owner.await.unwrap(), Ok(Outcome::Fresh(7))));
-    assert_eq!(runs(&held), 1);
+    assert_eq!(effects(&held), 1);
 }

@@ -14,6 +14,7 @@
 //! `IDEM_FAULT_SEED` (default 1) on; a failure prints its seed, and `IDEM_FAULT_SCHEDULES=1
 //! IDEM_FAULT_SEED=<seed>` plays it again.
 
+mod common;
 #[path = "common/proxy.rs"]
 mod proxy;
 
@@ -22,6 +23,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{effect, effects};
 use idem::key::{KeyPart, derive_key};
 use idem::store::RecordStatus;
 use idem::store::conformance::test_server_url;
@@ -34,20 +36,10 @@ const TOOL: &str = "faults.schedule_charge";
 const TENANT: &str = "tenant-schedules";
 const LEASE: Duration = Duration::from_millis(800);
 
-/// Effects by run id, and what the body found in the store when it ran.
-static EFFECTS: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
+/// The runs whose body found no claim of theirs in the store.
 static UNCLAIMED_RUNS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// The un-proxied runtime of each backend, for the body's look at the store.
 static DIRECT: Mutex<Option<HashMap<String, Idem>>> = Mutex::new(None);
-
-fn effects(run_id: &str) -> usize {
-    EFFECTS
-        .lock()
-        .unwrap()
-        .as_ref()
-        .and_then(|m| m.get(run_id).copied())
-        .unwrap_or(0)
-}
 
 async fn already_charged(run_id: &str, _backend: &str) -> Result<Option<u32>, Infallible> {
     Ok((effects(run_id) > 0).then_some(7))
@@ -66,12 +58,7 @@ async fn charge(run_id: String, backend: String) -> Result<u32, Infallible> {
     if !matches!(&record, Ok(Some(r)) if r.status == RecordStatus::InFlight) {
         UNCLAIMED_RUNS.lock().unwrap().push(run_id.clone());
     }
-    *EFFECTS
-        .lock()
-        .unwrap()
-        .get_or_insert_with(HashMap::new)
-        .entry(run_id)
-        .or_default() += 1;
+    effect(&run_id);
     Ok(7)
 }
 
