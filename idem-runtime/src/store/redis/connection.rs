@@ -43,6 +43,8 @@ struct Shared {
     live: std::sync::Mutex<Option<(u64, Live)>>,
     /// How to open a new one.
     source: Source,
+    /// Whether it is a cluster connection (the same kind is reopened).
+    cluster: bool,
     /// One reconnection at a time.
     reconnecting: tokio::sync::Mutex<()>,
     /// The next tag, the next generation, and how many reconnections were tried.
@@ -97,6 +99,7 @@ impl Connection {
     fn over(live: Live, source: Source) -> Self {
         Connection {
             shared: Arc::new(Shared {
+                cluster: matches!(live, Live::Cluster(_)),
                 live: std::sync::Mutex::new(Some((0, live))),
                 source,
                 reconnecting: tokio::sync::Mutex::new(()),
@@ -109,11 +112,7 @@ impl Connection {
 
     /// Whether this is a cluster connection.
     pub(super) fn is_cluster(&self) -> bool {
-        match &self.shared.source {
-            Source::Cluster(_) => true,
-            Source::Server(..) => false,
-            Source::Given => matches!(self.current(), Some((_, Live::Cluster(_)))),
-        }
+        self.shared.cluster
     }
 
     fn current(&self) -> Option<(u64, Live)> {
@@ -153,14 +152,16 @@ impl Connection {
         Ok((generation, live))
     }
 
-    /// Throws the connection of `generation` away when `error` says it cannot be trusted (and
-    /// the store can open another).
+    /// Throws the connection of `generation` away when `error` says it cannot be trusted.
     fn judge(&self, generation: u64, error: &RedisError) {
-        let broken = error.is_timeout()
-            || error.is_connection_dropped()
-            || error.is_unrecoverable_error()
-            || out_of_order(error);
-        if !broken || matches!(self.shared.source, Source::Given) {
+        if error.is_timeout() || error.is_connection_dropped() || error.is_unrecoverable_error() {
+            self.discard(generation);
+        }
+    }
+
+    /// Throws the connection of `generation` away, when the store can open another.
+    fn discard(&self, generation: u64) {
+        if matches!(self.shared.source, Source::Given) {
             return;
         }
         let mut live = self
@@ -173,16 +174,15 @@ impl Connection {
         }
     }
 
-    /// Sends `commands` with `ECHO <tag>` after them, on `route` when given (a cluster), and
-    /// returns their replies once the last is the tag.
+    /// Sends the `count` commands of `pipeline` with `ECHO <tag>` after them, on `route` when
+    /// given (a cluster), and returns their replies once the last is the tag.
     async fn tagged(
         &self,
-        commands: &Pipeline,
+        mut pipeline: Pipeline,
         count: usize,
         route: Option<Route>,
     ) -> RedisResult<Vec<Value>> {
         let tag = self.shared.tags.fetch_add(1, Ordering::Relaxed).to_string();
-        let mut pipeline = commands.clone();
         pipeline.cmd("ECHO").arg(&tag);
         let (generation, live) = self.live().await?;
         let sent = match (live, route) {
@@ -197,16 +197,16 @@ impl Connection {
             }
             (mut live, _) => live.req_packed_commands(&pipeline, 0, count + 1).await,
         };
-        let checked = sent.and_then(|mut replies| match replies.pop() {
+        let mut replies = sent.inspect_err(|e| self.judge(generation, e))?;
+        match replies.pop() {
             Some(Value::BulkString(echo)) if echo == tag.as_bytes() && replies.len() == count => {
                 Ok(replies)
             }
-            _ => Err(out_of_order_error()),
-        });
-        if let Err(e) = &checked {
-            self.judge(generation, e);
+            _ => {
+                self.discard(generation);
+                Err(out_of_order_error())
+            }
         }
-        checked
     }
 
     /// Sends an untagged command (on a cluster, one that answers from every primary).
@@ -222,12 +222,10 @@ impl Connection {
     /// Sends `cmd`, which names no key, to the primary that holds `key`: `WAIT` after a write of
     /// `key`, `SCAN` of one tenant's hash tag. On one server, simply sends it.
     pub(super) async fn on_primary_of(&mut self, key: &str, cmd: &Cmd) -> RedisResult<Value> {
-        let mut one = redis::pipe();
-        one.add_command(cmd.clone());
         let route = self
             .is_cluster()
             .then(|| Route::with_key(key, SlotAddr::Master));
-        let mut replies = self.tagged(&one, 1, route).await?;
+        let mut replies = self.tagged(one(cmd), 1, route).await?;
         replies
             .pop()
             .ok_or_else(out_of_order_error)?
@@ -282,8 +280,11 @@ fn out_of_order_error() -> RedisError {
     ))
 }
 
-fn out_of_order(error: &RedisError) -> bool {
-    error.to_string().contains(OUT_OF_ORDER)
+/// A pipeline of `cmd` alone.
+fn one(cmd: &Cmd) -> Pipeline {
+    let mut pipeline = redis::pipe();
+    pipeline.add_command(cmd.clone());
+    pipeline
 }
 
 impl Live {
@@ -326,9 +327,7 @@ impl ConnectionLike for Connection {
             if self.is_cluster() && !names_a_key(cmd) {
                 return self.untagged(cmd).await;
             }
-            let mut one = redis::pipe();
-            one.add_command(cmd.clone());
-            let mut replies = self.tagged(&one, 1, None).await?;
+            let mut replies = self.tagged(one(cmd), 1, None).await?;
             replies.pop().ok_or_else(out_of_order_error)
         })
     }
@@ -342,7 +341,7 @@ impl ConnectionLike for Connection {
         Box::pin(async move {
             // The store sends plain pipelines only (no MULTI): every reply is one command's.
             debug_assert_eq!(offset, 0, "an atomic pipeline");
-            self.tagged(cmd, count, None).await
+            self.tagged(cmd.clone(), count, None).await
         })
     }
 
