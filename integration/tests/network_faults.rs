@@ -78,23 +78,10 @@ async fn a_black_hole_is_a_store_error_within_the_timeout_on_redis() {
         return;
     };
     let scope = Idem::open(&url).await.unwrap().scope("tenant-faults");
-    assert!(matches!(
-        scope.run(charge(run_id())).await,
-        Ok(Outcome::Fresh(7))
-    ));
-    proxy.set(Fault::BlackHole);
-    let id = run_id();
-    let started = Instant::now();
-    let answer = scope.run(charge(id.clone())).await;
-    let waited = started.elapsed();
-    assert!(matches!(&answer, Err(e) if e.is_store()), "{answer:?}");
     // The bound: two sends (the second on a new connection), each at most one connection
     // timeout and one response timeout; 300 ms more for the scheduler of a busy test machine.
-    assert!(
-        waited < Duration::from_millis(2 * (300 + 300) + 300),
-        "{waited:?}"
-    );
-    assert_eq!(effects(&id), 0, "the body did not run");
+    let within = Duration::from_millis(2 * (300 + 300) + 300);
+    let _ = fails_closed_within(&scope, within, || proxy.set(Fault::BlackHole)).await;
     proxy.set(Fault::None);
     let mut healed = false;
     for _ in 0..20 {
@@ -120,22 +107,13 @@ async fn a_black_hole_is_a_store_error_within_the_response_timeout_on_postgres()
         return;
     };
     let scope = Idem::open(&url).await.unwrap().scope("tenant-faults");
-    assert!(matches!(
-        scope.run(charge(run_id())).await,
-        Ok(Outcome::Fresh(7))
-    ));
-    proxy.set(Fault::BlackHole);
-    let id = run_id();
-    let started = Instant::now();
-    let answer = scope.run(charge(id.clone())).await;
-    let waited = started.elapsed();
+    // The bound: one response timeout (the connection was already open).
+    let within = Duration::from_millis(500 + 1000);
+    let (_, answer) = fails_closed_within(&scope, within, || proxy.set(Fault::BlackHole)).await;
     assert!(
-        matches!(&answer, Err(e) if e.is_store() && e.to_string().contains("no answer")),
+        matches!(&answer, Err(e) if e.to_string().contains("no answer")),
         "{answer:?}"
     );
-    // The bound: one response timeout (the connection was already open).
-    assert!(waited < Duration::from_millis(500 + 1000), "{waited:?}");
-    assert_eq!(effects(&id), 0, "the body did not run");
     proxy.set(Fault::None);
     let answer = scope.run(charge(run_id())).await;
     assert!(matches!(answer, Ok(Outcome::Fresh(7))), "{answer:?}");
@@ -452,6 +430,29 @@ async fn the_proxy_cuts_replies_and_delays_chunks() {
     assert!(started.elapsed() >= Duration::from_millis(400));
 }
 
+/// A first call on `scope` runs; then `strike` (a fault, a stall) and a call on a new key: a
+/// store error within `within`, the body not run. Answers the key and the answer.
+async fn fails_closed_within(
+    scope: &idem::Scope,
+    within: Duration,
+    strike: impl FnOnce(),
+) -> (String, Result<Outcome<u32>, Error<Infallible>>) {
+    assert!(matches!(
+        scope.run(charge(run_id())).await,
+        Ok(Outcome::Fresh(7))
+    ));
+    strike();
+    let id = run_id();
+    let started = Instant::now();
+    let answer = scope.run(charge(id.clone())).await;
+    let waited = started.elapsed();
+    assert!(matches!(&answer, Err(e) if e.is_store()), "{answer:?}");
+    println!("a store error after {waited:?} (at most {within:?})");
+    assert!(waited < within, "{waited:?}");
+    assert_eq!(effects(&id), 0, "the body did not run");
+    (id, answer)
+}
+
 /// Retries `call` on `id` until it answers `Fresh`, for at most `within`; returns how long it
 /// took. In flight (a claim that reached the server late holds the key until its lease lapses)
 /// and store errors are retried.
@@ -475,21 +476,10 @@ async fn fresh_within(scope: &idem::Scope, id: &str, within: Duration) -> Durati
 /// once (a claim that reached the server during the stall holds it until its lease lapses).
 async fn a_stall_fails_within(url: &str, bound: Duration, pause: impl Fn(), resume: impl Fn()) {
     let scope = Idem::open(url).await.unwrap().scope("tenant-stalls");
-    assert!(matches!(
-        scope.run(charge(run_id())).await,
-        Ok(Outcome::Fresh(7))
-    ));
-    pause();
-    let id = run_id();
-    let started = Instant::now();
-    let answer = scope.run(charge(id.clone())).await;
-    let waited = started.elapsed();
-    resume();
-    assert!(matches!(&answer, Err(e) if e.is_store()), "{answer:?}");
-    println!("a stalled server: a store error after {waited:?} (bound {bound:?})");
     // 300 ms more for the scheduler of a busy test machine.
-    assert!(waited < bound + Duration::from_millis(300), "{waited:?}");
-    assert_eq!(effects(&id), 0, "the body did not run");
+    let within = bound + Duration::from_millis(300);
+    let (id, _) = fails_closed_within(&scope, within, pause).await;
+    resume();
     fresh_within(&scope, &id, Duration::from_secs(10)).await;
     assert_eq!(effects(&id), 1, "one run in all");
 }
