@@ -241,6 +241,48 @@ pub use idem_runtime::rig;
 /// async fn set_status(entity: String) -> Result<(), String> { Ok(()) }
 /// ```
 ///
+/// # `transactional` and `wait = "2s"`
+///
+/// For effects in the database that also holds idem's records (the Postgres store, feature
+/// `postgres`): the tool takes a transaction on that database as its first parameter, which
+/// callers never pass, and its claim, its writes and its recorded result commit in that one
+/// transaction. A crash, a cancellation or an error leaves all of it or none of it: exactly once,
+/// with no lease, no orphan and no `unknown` state ([`transactional`] has the whole table). A
+/// concurrent call of the same key waits for the first to commit, at most `wait` (default 2 s),
+/// then replays; past it, it answers [`Outcome::InFlight`]. On another store the call is refused
+/// before it runs, and the startup [`audit`] reports the tool.
+///
+/// ```
+/// # #[cfg(feature = "postgres")] mod tool {
+/// # use idem::idempotent;
+/// use idem::store::postgres::tokio_postgres::{Error, Transaction};
+///
+/// #[idempotent(key = "run_id, step_id", mutating, transactional, name = "orders.create")]
+/// async fn create_order(
+///     tx: &mut Transaction<'_>,
+///     run_id: String,
+///     step_id: String,
+///     item: String,
+/// ) -> Result<i64, Error> {
+///     let row = tx
+///         .query_one("INSERT INTO orders (item) VALUES ($1) RETURNING id", &[&item])
+///         .await?;
+///     Ok(row.get(0))
+/// }
+/// // idem.scope("tenant-a").run(create_order(run_id, step_id, item)).await?
+/// # }
+/// ```
+///
+/// What only a lease or an orphan needs is refused on such a tool (`lease`, `on_orphan`,
+/// `check`, `on_error = "unknown"`), and so is a tool without its transaction:
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// // error: a `transactional` tool takes its transaction first
+/// #[idempotent(key = "run_id", mutating, transactional)]
+/// async fn create_order(run_id: String) -> Result<i64, String> { Ok(1) }
+/// ```
+///
 /// # Arguments and results
 ///
 /// Every argument of a keyed tool must be `Serialize` (it is fingerprinted), and the value must

@@ -263,6 +263,31 @@ fn markdown(results: &Results) -> String {
             ));
         }
     }
+    if results
+        .median("postgres_transactional", "idem_transactional")
+        .is_some()
+    {
+        out.push_str("\n## Transactional tools\n\n");
+        out.push_str(
+            "Postgres, fresh calls of a tool that inserts an order row: declared `transactional` \
+             (the claim, the INSERT and the record in one transaction, one commit), and the same \
+             tool written as an ordinary keyed tool (the claim, the INSERT on a connection of its \
+             own, the completion: three commits), paired in one run.\n\n",
+        );
+        out.push_str("| tool | calls/s | time per call | ratio (calls/s) |\n|---|---|---|---|\n");
+        let tx = results.median("postgres_transactional", "idem_transactional");
+        let three = results.median("postgres_transactional", "idem_three_commits");
+        let us = |x: Option<f64>| x.map_or("—".into(), |v| format!("{:.0} µs", v / 1e3));
+        let per_second = |x: Option<f64>| x.map(|ns| 1e9 / ns);
+        out.push_str(&format!(
+            "| transactional | {} | {} | {} |\n| claim + INSERT + completion | {} | {} | 1.00× |\n",
+            rate(per_second(tx)),
+            us(tx),
+            ratio(per_second(tx), per_second(three)),
+            rate(per_second(three)),
+            us(three),
+        ));
+    }
     if results.median("renewal", "sqlite_on").is_some() {
         out.push_str("\n## Lease renewal\n\n");
         out.push_str(

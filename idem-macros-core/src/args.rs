@@ -8,7 +8,7 @@ use syn::{Ident, LitStr, Token};
 use crate::duration::parse_millis;
 
 const OPTIONS: &str = "`key`, `mutating`, `natural`, `required`, `name`, `ttl`, `lease`, `skip`, \
-                       `on_error`, `on_orphan`, `check`";
+                       `on_error`, `on_orphan`, `check`, `transactional`, `wait`";
 
 /// A dotted path written in a string option: `run_id`, `req.run_id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +81,10 @@ pub struct Args {
     pub on_orphan: Option<(Ident, LitStr, OnOrphan)>,
     /// `check = path::to_fn`: the state check.
     pub check: Option<(Ident, syn::Path)>,
+    /// `transactional`: the claim, the body's writes and the record in one transaction.
+    pub transactional: Option<Ident>,
+    /// `wait = "…"`: how long a transactional call waits for a concurrent one of its key.
+    pub wait: Option<(Ident, DurationArg)>,
     /// The keywords in the order they were written.
     pub order: Vec<String>,
 }
@@ -96,6 +100,8 @@ impl Args {
             self.skip.as_ref().map(|o| &o.0),
             self.on_error.as_ref().map(|o| &o.0),
             self.on_orphan.as_ref().map(|o| &o.0),
+            self.transactional.as_ref(),
+            self.wait.as_ref().map(|o| &o.0),
         ]
         .into_iter()
         .flatten()
@@ -237,6 +243,14 @@ impl Parse for Args {
                 "lease" => {
                     let lit = parse_duration(value(input, &keyword)?, "lease")?;
                     set_once(&mut args.lease, &keyword, (keyword.clone(), lit))?;
+                }
+                "wait" => {
+                    let lit = parse_duration(value(input, &keyword)?, "wait")?;
+                    set_once(&mut args.wait, &keyword, (keyword.clone(), lit))?;
+                }
+                "transactional" => {
+                    flag(input, &keyword)?;
+                    set_once(&mut args.transactional, &keyword, keyword.clone())?;
                 }
                 "on_error" => {
                     let lit = value(input, &keyword)?;

@@ -46,9 +46,25 @@ pub enum Ret {
     Alias(Box<Type>),
 }
 
+/// The transaction of a transactional tool: its first parameter, a reference, which the
+/// runtime fills in (callers never pass it).
+pub struct Transaction {
+    /// Its position in the signature's inputs.
+    pub index: usize,
+    /// The binding as written (`tx`, `mut tx`).
+    pub pat: Box<Pat>,
+    /// The type as written (`&mut Transaction<'_>`).
+    pub ty: Type,
+    /// The type it points to, which names the driver (`Transaction<'_>`).
+    pub elem: Type,
+}
+
 pub struct Tool {
     pub item: ItemFn,
+    /// The parameters callers pass: the arguments, fingerprinted and keyed.
     pub params: Vec<Param>,
+    /// A transactional tool's transaction, not among `params`.
+    pub transaction: Option<Transaction>,
     pub has_receiver: bool,
     /// `self` taken by value (not `&self` / `&mut self`).
     pub receiver_by_value: bool,
@@ -56,15 +72,34 @@ pub struct Tool {
 }
 
 impl Tool {
-    pub fn from_item(item: ItemFn) -> syn::Result<Self> {
+    /// The model of `item`; with `transactional`, its first parameter (after `self`) is its
+    /// transaction.
+    pub fn from_item(item: ItemFn, transactional: bool) -> syn::Result<Self> {
         let mut params = Vec::new();
+        let mut transaction = None;
         let mut has_receiver = false;
         let mut receiver_by_value = false;
-        for input in &item.sig.inputs {
+        for (index, input) in item.sig.inputs.iter().enumerate() {
             match input {
                 FnArg::Receiver(r) => {
                     has_receiver = true;
                     receiver_by_value = !matches!(r.kind, syn::ReceiverKind::Reference(..));
+                }
+                FnArg::Typed(pat_type) if transactional && transaction.is_none() => {
+                    let Type::Reference(reference) = &*pat_type.ty else {
+                        return Err(syn::Error::new(
+                            pat_type.ty.span(),
+                            "a `transactional` tool takes its transaction first, as a \
+                             reference: `tx: &mut Transaction<'_>` (tokio-postgres); callers \
+                             do not pass it, idem does",
+                        ));
+                    };
+                    transaction = Some(Transaction {
+                        index,
+                        pat: pat_type.pat.clone(),
+                        ty: (*pat_type.ty).clone(),
+                        elem: (*reference.elem).clone(),
+                    });
                 }
                 FnArg::Typed(pat_type) => match &*pat_type.pat {
                     Pat::Ident(pat) if pat.subpat.is_none() && pat.by_ref.is_none() => {
@@ -95,9 +130,17 @@ impl Tool {
             }
             ReturnType::Type(_, ty) => explicit_result(ty).unwrap_or(Ret::Alias(ty.clone())),
         };
+        if transactional && transaction.is_none() {
+            return Err(syn::Error::new(
+                item.sig.paren_token.span.join(),
+                "a `transactional` tool takes its transaction first: add \
+                 `tx: &mut Transaction<'_>` (tokio-postgres) before the arguments",
+            ));
+        }
         Ok(Tool {
             item,
             params,
+            transaction,
             has_receiver,
             receiver_by_value,
             ret,

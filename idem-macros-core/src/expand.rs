@@ -72,6 +72,12 @@ fn registration(checked: &Checked) -> TokenStream {
             if keyed.on_orphan == OnOrphan::Unknown {
                 info.extend(quote!(.on_orphan(::idem::__private::OrphanPolicy::Unknown)));
             }
+            if let Some(wait) = keyed.transactional {
+                info.extend(quote!(.transactional()));
+                if let Some(ms) = wait {
+                    info.extend(quote!(.wait_ms(#ms)));
+                }
+            }
         }
     }
     quote! {
@@ -170,8 +176,28 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     let body = body_future(tool, kept);
     // Spanned at the return type: an error type that does not fit the policy is reported there.
     let policy = format_ident!("{}", keyed.on_error.names().0, span = return_span(tool));
-    let call = match &keyed.check {
-        None => {
+    let call = match (&keyed.check, &tool.transaction) {
+        (_, Some(transaction)) => {
+            // The driver is the type the transaction points to; the body gets the transaction
+            // as the user declared it (`&mut` or `&`).
+            let (pat, ty, elem) = (&transaction.pat, &transaction.ty, &transaction.elem);
+            let run =
+                quote_spanned!(elem.span()=> <#elem as ::idem::transactional::Transactional>::run);
+            quote_spanned! {return_span(tool)=>
+                #run(
+                    &__IDEM_TOOL,
+                    ::idem::__private::#policy,
+                    __idem_key,
+                    __idem_fingerprint,
+                    async move |__idem_tx: &mut #elem| {
+                        let #pat: #ty = __idem_tx;
+                        #body.await
+                    },
+                )
+                .await
+            }
+        }
+        (None, None) => {
             quote_spanned! {return_span(tool)=>
                 ::idem::__private::run_keyed(
                     &__IDEM_TOOL,
@@ -183,7 +209,7 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
                 .await
             }
         }
-        Some(path) => {
+        (Some(path), None) => {
             // The arguments go to the runtime as a tuple: lent to the check (only when an
             // orphan is taken over), then given to the body.
             let idents: Vec<_> = tool.params.iter().map(|p| &p.ident).collect();

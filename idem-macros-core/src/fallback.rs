@@ -9,16 +9,23 @@ use syn::ItemFn;
 use crate::ast::Tool;
 use crate::signature::{Kept, body_future, rewritten_signature, split_attrs};
 
-pub fn expand(error: syn::Error, item: ItemFn) -> TokenStream {
+pub fn expand(error: syn::Error, item: ItemFn, transactional: bool) -> TokenStream {
     let errors = error.to_compile_error();
-    let tool = match (item.sig.asyncness.is_some(), Tool::from_item(item.clone())) {
+    let modelled = Tool::from_item(item.clone(), transactional);
+    let tool = match (item.sig.asyncness.is_some(), modelled) {
         (true, Ok(tool)) => tool,
         _ => return quote!(#errors #item),
     };
     let (outer, inner) = split_attrs(&tool.item);
     let vis = &tool.item.vis;
     let sig = rewritten_signature(&tool);
-    let body = body_future(&tool, Kept::Nothing);
+    let mut body = body_future(&tool, Kept::Nothing);
+    if let Some(t) = &tool.transaction {
+        // Not a parameter callers see, but the body names it: an async closure never called
+        // lends it.
+        let (pat, ty) = (&t.pat, &t.ty);
+        body = quote!(async move |#pat: #ty| #body.await);
+    }
     quote! {
         #errors
         #(#outer)*

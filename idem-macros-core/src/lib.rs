@@ -30,16 +30,25 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         Ok(f) => f,
         Err(_) => return fallback::not_a_function(item),
     };
+    let transactional = names_transactional(&attr);
     match try_expand(attr, item_fn.clone()) {
         Ok(tokens) => tokens,
-        Err(error) => fallback::expand(error, item_fn),
+        Err(error) => fallback::expand(error, item_fn, transactional),
     }
+}
+
+/// Whether the attribute says `transactional`, even when it does not parse: the fallback then
+/// keeps the signature callers see (without the transaction), so that they do not cascade.
+fn names_transactional(attr: &TokenStream) -> bool {
+    attr.clone()
+        .into_iter()
+        .any(|t| matches!(t, proc_macro2::TokenTree::Ident(i) if i == "transactional"))
 }
 
 /// Parse → model → validate → generate; the first stage that refuses answers its errors.
 fn try_expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
     let args: Args = syn::parse2(attr)?;
-    let tool = Tool::from_item(item)?;
+    let tool = Tool::from_item(item, args.transactional.is_some())?;
     let checked = valid::check(args, tool)?;
     Ok(expand::generate(&checked))
 }
@@ -115,6 +124,57 @@ mod tests {
         assert!(out.contains("add_to (& amount"), "{out}");
         let message = check(quote!(key = "ctx.run_id", mutating), item).unwrap_err();
         assert!(message.contains("RunStep"), "{message}");
+    }
+
+    #[test]
+    fn a_transactional_tool_takes_its_transaction_first_and_callers_never_pass_it() {
+        let item = quote!(
+            async fn order(
+                tx: &mut Transaction<'_>,
+                run_id: String,
+                item: String,
+            ) -> Result<i64, E> {
+                Ok(1)
+            }
+        );
+        let attr = quote!(key = "run_id", mutating, transactional, wait = "1s");
+        assert_eq!(check(attr.clone(), item.clone()), Ok(()));
+        let out = expand(attr, item.clone()).to_string();
+        assert!(out.contains("Transactional > :: run"), "{out}");
+        assert!(
+            out.contains(". transactional ()") && out.contains(". wait_ms (1000u64)"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("add_to (& tx"),
+            "the transaction is not an argument: {out}"
+        );
+        let file = syn::parse_str::<syn::File>(&out).expect("the expansion is Rust");
+        let syn::Item::Fn(f) = &file.items[0] else {
+            panic!("a function")
+        };
+        assert_eq!(f.sig.inputs.len(), 2, "callers pass the arguments only");
+
+        // Broken, it keeps the signature callers see.
+        let out = expand(quote!(key = "nope", mutating, transactional), item).to_string();
+        assert_eq!(out.matches("compile_error").count(), 1, "{out}");
+        let file = syn::parse_str::<syn::File>(&out).expect("the fallback is Rust");
+        let f = file.items.iter().find_map(|i| match i {
+            syn::Item::Fn(f) => Some(f),
+            _ => None,
+        });
+        assert_eq!(f.expect("the function").sig.inputs.len(), 2);
+
+        let message = check(
+            quote!(key = "run_id", mutating, transactional),
+            quote!(
+                async fn order(run_id: String) -> Result<i64, E> {
+                    Ok(1)
+                }
+            ),
+        )
+        .unwrap_err();
+        assert!(message.contains("takes its transaction first"), "{message}");
     }
 
     /// Found by the `attribute` fuzz target: the lexer drops comments, so a path segment such as

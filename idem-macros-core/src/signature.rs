@@ -14,6 +14,16 @@ use crate::ast::{Ret, Tool};
 /// one error, at the type.
 pub fn rewritten_signature(tool: &Tool) -> syn::Signature {
     let mut sig = tool.item.sig.clone();
+    if let Some(transaction) = &tool.transaction {
+        // Filled in by idem, never passed by callers.
+        sig.inputs = sig
+            .inputs
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i != transaction.index)
+            .map(|(_, input)| input)
+            .collect();
+    }
     let span = match &sig.output {
         ReturnType::Type(_, ty) => ty.span(),
         ReturnType::Default => Span::call_site(),

@@ -24,6 +24,8 @@ pub struct Keyed {
     pub skip: Vec<FieldPath>,
     /// The state check that reconciles orphans.
     pub check: Option<syn::Path>,
+    /// `transactional`, with its declared `wait` in milliseconds, if any.
+    pub transactional: Option<Option<u64>>,
 }
 
 pub enum Form {
@@ -386,6 +388,7 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
             if let (Some((_, ttl)), Some((_, lease))) = (&args.ttl, &args.lease) {
                 check_ttl_covers_lease(ttl, lease, &mut errors);
             }
+            check_transactional(&args, &mut errors);
             Some(Form::Keyed(Keyed {
                 parts,
                 required: args.required.is_some(),
@@ -399,6 +402,10 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
                     .map(|s| s.1.paths.clone())
                     .unwrap_or_default(),
                 check: args.check.as_ref().map(|c| c.1.clone()),
+                transactional: args
+                    .transactional
+                    .as_ref()
+                    .map(|_| args.wait.as_ref().map(|w| w.1.millis)),
             }))
         }
         (None, None) => {
@@ -422,6 +429,50 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
         form: form.expect("a form when there are no errors"),
         tool,
     })
+}
+
+/// A transactional tool's claim commits with its writes: it holds no lease, leaves no orphan and
+/// nothing unknown, so the options about those do not apply; `wait` applies to it alone.
+fn check_transactional(args: &Args, errors: &mut Errors) {
+    if args.transactional.is_none() {
+        if let Some((wait, _)) = &args.wait {
+            errors.push(
+                wait.span(),
+                "`wait` applies to `transactional` tools (how long a call waits for a \
+                 concurrent one of its key to commit); add `transactional`, or remove `wait`",
+            );
+        }
+        return;
+    }
+    if let Some((check, _)) = &args.check {
+        errors.push(
+            check.span(),
+            "a `transactional` tool leaves no orphan to reconcile: its claim commits together \
+             with its writes, or not at all. Remove `check`",
+        );
+    }
+    if let Some((lease, _)) = &args.lease {
+        errors.push(
+            lease.span(),
+            "a `transactional` tool holds no lease: a concurrent call of its key waits for its \
+             commit (`wait = \"…\"`, default 2s). Remove `lease`",
+        );
+    }
+    if let Some((on_orphan, _, _)) = &args.on_orphan {
+        errors.push(
+            on_orphan.span(),
+            "a `transactional` tool leaves no orphan: a crash rolls its claim back with its \
+             writes. Remove `on_orphan`",
+        );
+    }
+    if let Some((_, lit, OnError::Unknown)) = &args.on_error {
+        errors.push(
+            lit.span(),
+            "`on_error = \"unknown\"` does not apply to a `transactional` tool: an error rolls \
+             its writes back, so nothing is unknown. Use `\"release\"` (the default) or \
+             `\"store\"`",
+        );
+    }
 }
 
 /// The check borrows the arguments before the body takes them: `self` by value cannot be lent.

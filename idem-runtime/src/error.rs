@@ -61,8 +61,8 @@ pub trait ClassifyError {
 /// The error of a call of an `#[idempotent]` tool: `E` is the tool's own error type.
 ///
 /// Every variant but [`Error::Tool`] means the tool body did **not** run during this call,
-/// except [`Error::LeaseLost`], [`Error::ResultNotStored`] and [`Error::CompletionFailed`], which
-/// say that it ran but its result could not be recorded. No message contains a raw key or argument value.
+/// except [`Error::LeaseLost`], [`Error::ResultNotStored`], [`Error::CompletionFailed`] and
+/// [`Error::NotCommitted`], which say that it ran but its result could not be recorded. No message contains a raw key or argument value.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error<E> {
@@ -142,6 +142,18 @@ pub enum Error<E> {
         /// The store's error.
         source: StoreError,
     },
+    /// The body of a transactional tool (`#[idempotent(…, transactional)]`) ran, but its
+    /// transaction did not commit: recording the result, or the commit itself, failed. Its writes
+    /// and its record are kept together or not at all (all of them only if the commit's answer
+    /// was lost after the server committed): a retry with the same key replays or runs again.
+    NotCommitted {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// Short hash of the key.
+        key: KeyHash,
+        /// The store's error.
+        source: StoreError,
+    },
     /// The tool's state check (`check = …`) failed, so whether the effect already happened is
     /// unknown: the body did not run, and a claim the call held stays held until its lease lapses.
     CheckFailed {
@@ -205,6 +217,7 @@ impl<E> Error<E> {
             } | Error::LeaseLost { .. }
                 | Error::ResultNotStored { .. }
                 | Error::CompletionFailed { .. }
+                | Error::NotCommitted { .. }
                 | Error::ResultTooLarge {
                     replayed: false,
                     ..
@@ -242,6 +255,7 @@ impl<E> Error<E> {
             Error::CompletionFailed { tool, key, source } => {
                 Error::CompletionFailed { tool, key, source }
             }
+            Error::NotCommitted { tool, key, source } => Error::NotCommitted { tool, key, source },
             Error::CheckFailed { tool, error } => Error::CheckFailed {
                 tool,
                 error: f(error),
@@ -323,6 +337,12 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 "tool `{tool}` (key {key}): the body ran but the store failed while recording \
                  its result; the key stays claimed until its lease lapses"
             ),
+            Error::NotCommitted { tool, key, .. } => write!(
+                f,
+                "tool `{tool}` (key {key}): the body ran but its transaction did not commit; \
+                 its writes and its record are kept together or not at all, and a retry with \
+                 the same key replays or runs again"
+            ),
             Error::ResultTooLarge {
                 tool,
                 key,
@@ -352,7 +372,9 @@ impl<E: StdError + 'static> StdError for Error<E> {
             Error::Unfingerprintable { source, .. } => Some(source),
             Error::ResultNotStored { source, .. }
             | Error::StoredResultUnreadable { source, .. } => Some(source),
-            Error::CompletionFailed { source, .. } => Some(source),
+            Error::CompletionFailed { source, .. } | Error::NotCommitted { source, .. } => {
+                Some(source)
+            }
             Error::CheckFailed { error, .. } => error.source(),
             Error::MissingKey { .. }
             | Error::InvalidTenant { .. }

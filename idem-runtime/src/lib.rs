@@ -40,6 +40,7 @@ mod runtime;
 pub mod store;
 pub mod telemetry;
 mod timer;
+pub mod transactional;
 
 #[doc(hidden)]
 pub mod __private;

@@ -93,6 +93,7 @@ pub(crate) fn finish<T, E>(
         Err(Error::Tool { replayed: true, .. }) => ("replayed_error", false),
         Err(Error::Store(_)) => ("store_error", false),
         Err(Error::CompletionFailed { .. }) => ("completion_failed", true),
+        Err(Error::NotCommitted { .. }) => ("not_committed", true),
         Err(e) if e.body_ran() => ("tool_error", true),
         Err(_) => ("refused", false),
     };
@@ -105,7 +106,10 @@ pub(crate) fn finish<T, E>(
     if body_ran {
         metrics::counter!(BODY_RUNS, "tool" => tool).increment(1);
     }
-    if matches!(outcome, "store_error" | "completion_failed") {
+    if matches!(
+        outcome,
+        "store_error" | "completion_failed" | "not_committed"
+    ) {
         tracing::warn!(parent: span, outcome, "idempotent call: the store failed");
     } else {
         tracing::debug!(parent: span, outcome, "idempotent call");

@@ -8,7 +8,10 @@
 //!   idempotency store needs (Postgres: INSERT … ON CONFLICT DO NOTHING, then UPDATE; Redis:
 //!   SET NX PX, then SET PX);
 //! - `fresh_concurrent`: fresh calls/s with 1, 8 and 64 callers, and the raw two writes with 1
-//!   and 8 (how far the server itself scales on this machine).
+//!   and 8 (how far the server itself scales on this machine);
+//! - `transactional` (Postgres): a transactional tool inserting an order row (claim, INSERT and
+//!   record in one commit) vs the same tool written non-transactionally (the claim, the same
+//!   INSERT on a connection of its own, the completion: three commits).
 //!
 //! `cargo bench --bench shared` prints the ratios at the end; a backend whose variable is unset
 //! is skipped with a note.
@@ -19,7 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use idem::Idem;
+use idem::store::postgres::tokio_postgres::Transaction;
+use idem::{Idem, idempotent};
 
 mod support;
 use support::{
@@ -393,6 +397,80 @@ fn fresh_concurrent<R: Raw>(
     );
 }
 
+/// The order table's own connection, for the tool written without a transaction: what its body
+/// would hold (a pool of the application's, here one connection).
+static ORDERS: std::sync::OnceLock<tokio_postgres::Client> = std::sync::OnceLock::new();
+
+/// An order row in the transaction that also claims the key and records the result.
+#[idempotent(key = "run_id, step", mutating, transactional, name = "bench.order_tx")]
+async fn create_order_tx(
+    tx: &mut Transaction<'_>,
+    run_id: String,
+    step: u64,
+    item: String,
+) -> Result<i64, tokio_postgres::Error> {
+    let row = tx
+        .query_one(
+            "INSERT INTO bench_orders (item, step) VALUES ($1, $2) RETURNING id",
+            &[&item, &(step as i64)],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// The same INSERT, written as an ordinary keyed tool: claim, the insert on the application's
+/// own connection, completion.
+#[idempotent(key = "run_id, step", mutating, name = "bench.order")]
+async fn create_order(
+    run_id: String,
+    step: u64,
+    item: String,
+) -> Result<i64, tokio_postgres::Error> {
+    let orders = ORDERS.get().expect("connected in main");
+    let row = orders
+        .query_one(
+            "INSERT INTO bench_orders (item, step) VALUES ($1, $2) RETURNING id",
+            &[&item, &(step as i64)],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Transactional fresh calls vs the same tool without a transaction, paired as in [`fresh`].
+fn transactional(c: &mut Criterion, url: &str, rt: &tokio::runtime::Runtime) {
+    let mut group = c.benchmark_group("postgres_transactional");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(30);
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(6));
+    let idem = rt.block_on(Idem::open(url)).expect("open");
+    let tenant = idem.scope(run_tenant());
+    let atomic = {
+        let tenant = tenant.clone();
+        move |step: u64| {
+            let tenant = tenant.clone();
+            async move {
+                let call = create_order_tx("run-1".into(), step, "tent".into());
+                assert!(tenant.run(call).await.expect("call").is_fresh());
+            }
+        }
+    };
+    let three_commits = move |step: u64| {
+        let tenant = tenant.clone();
+        async move {
+            let call = create_order("run-1".into(), step, "tent".into());
+            assert!(tenant.run(call).await.expect("call").is_fresh());
+        }
+    };
+    group.bench_function("idem_transactional", |b| {
+        paired(b, rt, atomic.clone(), three_commits.clone())
+    });
+    group.bench_function("idem_three_commits", |b| {
+        paired(b, rt, three_commits.clone(), atomic.clone())
+    });
+    group.finish();
+}
+
 fn with_option(url: &str, option: &str) -> String {
     match (option.is_empty(), url.contains('?')) {
         (true, _) => url.to_owned(),
@@ -425,6 +503,14 @@ fn summary(backend: &str, label: &str) {
         m("fresh", "raw_two_writes"),
         0.8,
     );
+    if m("transactional", "idem_transactional").is_some() {
+        ratio_row(
+            "fresh order: transactional (one commit) vs claim + INSERT + completion",
+            m("transactional", "idem_transactional"),
+            m("transactional", "idem_three_commits"),
+            1.0,
+        );
+    }
     // Against the paired sequential figure above, and against 1 caller of the same harness
     // (tasks on the runtime, nothing between calls): the second compares like with like. The
     // raw two writes in the same harness say how far the server itself scales here.
@@ -474,6 +560,23 @@ fn main() {
             replay(&mut c, "postgres", &url, &raw, &rt);
             fresh(&mut c, "postgres", &url, &raw, &rt);
             fresh_concurrent(&mut c, "postgres", &url, &raw, &rt);
+            // The order table beside idem's records; `search_path` lets the tools say
+            // `bench_orders` on both connections.
+            let path = format!("options=-csearch_path%3D{ours}");
+            let (orders, connection) = rt
+                .block_on(tokio_postgres::connect(
+                    &with_option(&with_option(&server, "sslmode=disable"), &path),
+                    tokio_postgres::NoTls,
+                ))
+                .expect("connect");
+            rt.spawn(connection);
+            rt.block_on(orders.batch_execute(
+                "CREATE TABLE bench_orders (id bigserial PRIMARY KEY, item text NOT NULL, \
+                 step bigint NOT NULL)",
+            ))
+            .expect("the orders table");
+            assert!(ORDERS.set(orders).is_ok(), "connected once");
+            transactional(&mut c, &with_option(&url, &path), &rt);
             rt.block_on(raw.connections[0].client.batch_execute(&format!(
                 "DROP SCHEMA {ours} CASCADE; DROP SCHEMA {theirs} CASCADE"
             )))

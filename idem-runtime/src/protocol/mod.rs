@@ -11,6 +11,9 @@
 //! | run | the body, as [`current()`](crate::current()) call, its lease renewed while it runs | [`call`], [`lease`] |
 //! | settle | complete (fenced by the claim's token) or release, as the tool's `on_error` policy says | [`Claimed`], [`policy`] |
 //!
+//! A transactional tool ([`transactional`], feature `postgres`) takes the same steps inside one
+//! transaction of the store's database: claim, body and settlement commit together.
+//!
 //! A key is only ever settled through the [`Claimed`] its claim returned: the fencing token
 //! never leaves it, so a settlement cannot name another claim's token.
 
@@ -18,6 +21,8 @@ pub(crate) mod call;
 pub(crate) mod lease;
 pub(crate) mod policy;
 pub(crate) mod record;
+#[cfg(feature = "postgres")]
+pub(crate) mod transactional;
 
 use std::sync::Arc;
 use std::time::Duration;

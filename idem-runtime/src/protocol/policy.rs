@@ -53,6 +53,9 @@ impl<T: ClassifyError + Serialize + DeserializeOwned> ClassifiedError for T {}
     note = "`on_error = \"store\"` keeps errors for replay: the error type must implement `serde::Serialize` and `serde::Deserialize`; `on_error = \"classify\"` needs those and `idem::ClassifyError`; `\"release\"` (the default) and `\"unknown\"` need nothing"
 )]
 pub trait ErrorHandling<P>: Sized {
+    /// Whether the policy may keep an error for replays (then a transactional tool's body runs
+    /// under a savepoint, so that its writes can be rolled back without the record's).
+    const MAY_STORE: bool;
     /// The class of this error.
     fn class(&self) -> ErrorClass;
     /// Encodes an error of class [`ErrorClass::Store`].
@@ -69,6 +72,7 @@ fn never_stored() -> serde_json::Error {
 pub struct ReleaseErrors;
 
 impl<E> ErrorHandling<ReleaseErrors> for E {
+    const MAY_STORE: bool = false;
     fn class(&self) -> ErrorClass {
         ErrorClass::Release
     }
@@ -84,6 +88,7 @@ impl<E> ErrorHandling<ReleaseErrors> for E {
 pub struct StoreErrors;
 
 impl<E: StorableError> ErrorHandling<StoreErrors> for E {
+    const MAY_STORE: bool = true;
     fn class(&self) -> ErrorClass {
         ErrorClass::Store
     }
@@ -99,6 +104,7 @@ impl<E: StorableError> ErrorHandling<StoreErrors> for E {
 pub struct UnknownErrors;
 
 impl<E> ErrorHandling<UnknownErrors> for E {
+    const MAY_STORE: bool = false;
     fn class(&self) -> ErrorClass {
         ErrorClass::Unknown
     }
@@ -114,6 +120,7 @@ impl<E> ErrorHandling<UnknownErrors> for E {
 pub struct ClassifiedErrors;
 
 impl<E: ClassifiedError> ErrorHandling<ClassifiedErrors> for E {
+    const MAY_STORE: bool = true;
     fn class(&self) -> ErrorClass {
         ClassifyError::class(self)
     }

@@ -73,7 +73,7 @@ impl fmt::Display for Audit {
 /// Checks the registered tools against `idem` at startup.
 ///
 /// Errors: two tools sharing a name (their keys would collide), a TTL shorter than the lease,
-/// an unreachable store or a schema other than this build's. Warnings: a TTL shorter than the
+/// a transactional tool on a store other than Postgres, an unreachable store or a schema other than this build's. Warnings: a TTL shorter than the
 /// retry window, a keyed tool without a stable `name`, a store that does not survive restarts.
 ///
 /// With [`IDEM_REPORT`](super::REPORT_ENV) set, it also writes the tool report (once per
@@ -81,6 +81,17 @@ impl fmt::Display for Audit {
 pub async fn audit(idem: &Idem) -> Audit {
     super::write_report_from_env(Some(idem));
     audit_tools(idem, &tools()).await
+}
+
+/// Whether `idem`'s store can run transactional tools.
+fn can_transact(idem: &Idem) -> bool {
+    #[cfg(feature = "postgres")]
+    return idem.store().postgres().is_some();
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = idem;
+        false
+    }
 }
 
 /// [`audit`] over an explicit list of tools.
@@ -129,6 +140,18 @@ pub async fn audit_tools(idem: &Idem, tools: &[&'static ToolInfo]) -> Audit {
                     format_duration(ttl),
                     format_duration(idem.retry_window()),
                     format_duration(ttl)
+                ),
+            });
+        }
+        if tool.transactional && !can_transact(idem) {
+            findings.push(Finding {
+                severity: Severity::Error,
+                tool: Some(tool.name),
+                message: format!(
+                    "transactional: its writes and its record commit in one transaction on the \
+                     store's database, which needs the Postgres store (`postgres://…`, feature \
+                     `postgres`); this runtime's store is `{}`",
+                    idem.store().backend()
                 ),
             });
         }

@@ -127,7 +127,18 @@ pub struct ToolInfo {
     pub on_orphan: OrphanPolicy,
     /// The state check (`check = path`) that reconciles orphans, or decides a keyless tool.
     pub check: Option<&'static str>,
+    /// Whether the tool is transactional (`transactional`): its claim, its writes and its
+    /// record commit in one transaction on the store's database.
+    pub transactional: bool,
+    /// How long a call of a transactional tool waits for a concurrent call of the same key to
+    /// commit before it answers in flight (`wait = "…"`; else [`DEFAULT_WAIT`]).
+    #[serde(serialize_with = "ser_opt_duration")]
+    pub wait: Option<Duration>,
 }
+
+/// How long a call of a transactional tool waits, by default, for a concurrent call of the same
+/// key to commit: then it replays (or runs, if that call rolled back), else it answers in flight.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(2);
 
 fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
     match d {
@@ -161,7 +172,21 @@ impl ToolInfo {
             on_error: ErrorPolicy::Release,
             on_orphan: OrphanPolicy::TakeOver,
             check: None,
+            transactional: false,
+            wait: None,
         }
+    }
+
+    /// Marks the tool transactional.
+    pub const fn transactional(mut self) -> Self {
+        self.transactional = true;
+        self
+    }
+
+    /// The declared wait of a transactional tool, in milliseconds.
+    pub const fn wait_ms(mut self, ms: u64) -> Self {
+        self.wait = Some(Duration::from_millis(ms));
+        self
     }
 
     /// Marks `name` as declared explicitly.
@@ -238,6 +263,11 @@ impl ToolInfo {
     /// The TTL in force under `idem`.
     pub fn effective_ttl(&self, idem: &Idem) -> Duration {
         self.ttl.unwrap_or(idem.default_ttl())
+    }
+
+    /// How long a transactional call waits for a concurrent one of the same key.
+    pub fn effective_wait(&self) -> Duration {
+        self.wait.unwrap_or(DEFAULT_WAIT)
     }
 
     /// The lease in force under `idem`.

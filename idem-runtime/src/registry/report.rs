@@ -104,6 +104,10 @@ impl Report {
         out.push_str("|---|---|---|---|---|---|---|---|---|\n");
         for t in &self.tools {
             let form = match (t.form, t.check) {
+                (Form::Keyed, None) if t.transactional => format!(
+                    "keyed (mutating), transactional (waits {} for a concurrent call)",
+                    format_duration(t.effective_wait())
+                ),
                 (Form::Keyed, None) => "keyed (mutating)".to_owned(),
                 (Form::Keyed, Some(check)) => {
                     format!("keyed (mutating), orphans reconciled by `{check}`")
@@ -131,6 +135,13 @@ impl Report {
                 None => format!("{} (default)", format_duration(default)),
             };
             let (ttl, lease, on_error, on_orphan) = match t.form {
+                // Its claim commits with its writes: no lease, no orphan.
+                Form::Keyed if t.transactional => (
+                    dur(t.ttl, self.default_ttl),
+                    "—".into(),
+                    t.on_error.as_str(),
+                    "—",
+                ),
                 Form::Keyed => (
                     dur(t.ttl, self.default_ttl),
                     dur(t.lease, self.default_lease),

@@ -426,6 +426,14 @@ pub trait Store: Send + Sync {
 
     /// Checks that the store answers and its schema is the one this build writes.
     fn health(&self) -> StoreFuture<'_, StoreHealth>;
+
+    /// The PostgreSQL store this is, or wraps: transactional tools
+    /// (`#[idempotent(…, transactional)]`) run their transactions on its database. `None` (the
+    /// default) for every other store; a wrapper forwards its inner store's answer.
+    #[cfg(feature = "postgres")]
+    fn postgres(&self) -> Option<&postgres::PostgresStore> {
+        None
+    }
 }
 
 macro_rules! forward_store {
@@ -466,6 +474,10 @@ macro_rules! forward_store {
             }
             fn health(&self) -> StoreFuture<'_, StoreHealth> {
                 (**self).health()
+            }
+            #[cfg(feature = "postgres")]
+            fn postgres(&self) -> Option<&postgres::PostgresStore> {
+                (**self).postgres()
             }
         }
     )*};

@@ -58,6 +58,9 @@ pub(super) struct Sql {
     /// The whole decision table: the schema's function `idem_claim`.
     pub(super) claim: Statement,
     pub(super) complete: Statement,
+    /// The completion of a transactional call: an error (division by zero) when the claim's row
+    /// is not there to complete, so that the `COMMIT` sent with it rolls back.
+    pub(super) complete_or_abort: Statement,
     pub(super) renew: Statement,
     pub(super) release: Statement,
     pub(super) lookup: Statement,
@@ -112,6 +115,21 @@ impl Sql {
                     "UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
                  WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
                  RETURNING 1"
+                ),
+                &[
+                    Type::TEXT,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::TEXT,
+                ],
+            ),
+            complete_or_abort: statement(
+                format!(
+                    "WITH done AS (UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
+                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
+                 RETURNING 1) SELECT 1 / count(*)::int FROM done"
                 ),
                 &[
                     Type::TEXT,

@@ -59,10 +59,15 @@ mod claim;
 mod options;
 mod schema;
 mod tls;
+pub(crate) mod transaction;
 
 /// The pool crate of [`PostgresStore::from_pool`], re-exported so that your pool and idem's
 /// name the same version.
 pub use deadpool_postgres;
+/// The driver whose [`Transaction`](tokio_postgres::Transaction) a transactional tool receives
+/// (`#[idempotent(…, transactional)]`), re-exported so that your tool and idem name the same
+/// version.
+pub use tokio_postgres;
 
 pub use self::options::PostgresOptions;
 pub use self::schema::SCHEMA_VERSION;
@@ -546,6 +551,10 @@ impl Store for PostgresStore {
             }
         })
     }
+
+    fn postgres(&self) -> Option<&PostgresStore> {
+        Some(self)
+    }
 }
 
 impl PostgresStore {
@@ -657,6 +666,7 @@ mod tests {
             &sql.claim_fast,
             &sql.claim,
             &sql.complete,
+            &sql.complete_or_abort,
             &sql.renew,
             &sql.release,
             &sql.lookup,

@@ -1,0 +1,269 @@
+//! The call of a transactional tool (`#[idempotent(…, transactional)]`): the same refusals,
+//! replays and outcomes as every keyed tool, with the claim, the body's writes and the record in
+//! one transaction of the store's database (the store's `transact`).
+//!
+//! | the body answers | under the policy | the transaction |
+//! |---|---|---|
+//! | a value | any | keeps the writes and records the value: `Fresh`, then `Replayed` |
+//! | an error classed `Release` | `release`, `classify` | rolls back, the claim too: a corrected retry runs |
+//! | an error classed `Store` | `store`, `classify` | rolls the writes back to the savepoint, records the error: replayed |
+//! | an error classed `Unknown` | `classify` | rolls back, as `Release`: the writes are gone, so nothing is unknown |
+//! | a value or error that cannot be encoded | any | rolls back: `ResultNotStored`, a retry runs |
+//!
+//! A concurrent call of the key waits for the first to commit, at most the tool's `wait`, then
+//! replays (or runs, if the first rolled back); past the wait it answers `InFlight`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::Instrument as _;
+
+use super::call::{KeyParts, Prepared, prepare, replay};
+use super::policy::ErrorHandling;
+use super::record::{encode_value, too_large_record};
+use super::retry_after;
+use crate::canonical::CanonicalError;
+use crate::error::{Error, ErrorClass, StoreError, StoreErrorKind};
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::outcome::{InFlight, Mismatch, Outcome, Unknown};
+use crate::registry::ToolInfo;
+use crate::runtime::Idem;
+use crate::store::postgres::PostgresStore;
+use crate::store::postgres::tokio_postgres::Transaction;
+use crate::store::postgres::transaction::{Settlement, Transacted};
+use crate::store::{Claim, ClaimRequest, Orphans, RecordStatus, UnixMillis};
+
+/// What became of the body's answer besides the transaction: kept whole, or too large to
+/// replay, or impossible to encode.
+enum Kept {
+    Whole,
+    TooLarge { size: usize, limit: usize },
+    NotEncoded(serde_json::Error),
+}
+
+/// The body's answer, as the transaction settles it.
+struct Answer<T, E> {
+    result: Result<T, E>,
+    class: Option<ErrorClass>,
+    kept: Kept,
+}
+
+/// How the body's result settles the transaction under the policy `H`.
+fn settlement<T, E, H>(result: Result<T, E>, limit: usize) -> (Settlement, Answer<T, E>)
+where
+    T: Serialize,
+    E: ErrorHandling<H>,
+{
+    let (class, encoded, keep_writes) = match &result {
+        Ok(v) => (None, Some(encode_value(v)), true),
+        Err(e) => match ErrorHandling::<H>::class(e) {
+            ErrorClass::Store => (Some(ErrorClass::Store), Some(e.encode()), false),
+            // The writes roll back with the claim: nothing happened, so nothing is unknown.
+            ErrorClass::Release | ErrorClass::Unknown => (Some(ErrorClass::Release), None, false),
+        },
+    };
+    let answer = |kept| Answer {
+        result,
+        class,
+        kept,
+    };
+    match encoded {
+        None => (Settlement::RollBack, answer(Kept::Whole)),
+        Some(Err(source)) => (Settlement::RollBack, answer(Kept::NotEncoded(source))),
+        Some(Ok(bytes)) => {
+            let (bytes, kept) = if bytes.len() > limit {
+                (
+                    too_large_record(bytes.len(), limit),
+                    Kept::TooLarge {
+                        size: bytes.len(),
+                        limit,
+                    },
+                )
+            } else {
+                (bytes, Kept::Whole)
+            };
+            let status = RecordStatus::Completed;
+            let settlement = if keep_writes {
+                Settlement::Keep(status, bytes)
+            } else {
+                Settlement::RecordWithoutWrites(status, bytes)
+            };
+            (settlement, answer(kept))
+        }
+    }
+}
+
+/// The store a transactional tool needs, or the error that says so.
+fn postgres<'a>(idem: &'a Idem, tool: &'static str) -> Result<&'a PostgresStore, StoreError> {
+    idem.store().postgres().ok_or_else(|| {
+        StoreError::new(
+            idem.store().backend(),
+            StoreErrorKind::Other,
+            format!(
+                "tool `{tool}` is transactional: its writes and its record commit in one \
+                 transaction on the store's database, which needs the Postgres store \
+                 (`postgres://…`); this runtime's store is `{}`",
+                idem.store().backend()
+            ),
+        )
+    })
+}
+
+/// Runs a transactional tool on tokio-postgres: `body` gets the transaction that also holds
+/// the claim and the record.
+pub(crate) async fn run_postgres<T, E, H, B>(
+    tool: &'static ToolInfo,
+    key: KeyParts,
+    fingerprint: Result<Fingerprint, CanonicalError>,
+    body: B,
+) -> Result<Outcome<T>, Error<E>>
+where
+    T: Serialize + DeserializeOwned,
+    E: ErrorHandling<H>,
+    B: for<'a, 't> AsyncFnOnce(&'a mut Transaction<'t>) -> Result<T, E>,
+{
+    let name = tool.name;
+    let (scope, key, fingerprint) = match prepare(tool, key, fingerprint)? {
+        Prepared::Keyed {
+            scope,
+            key,
+            fingerprint,
+        } => (scope, key, fingerprint),
+        Prepared::Unprotected => {
+            let Some(scope) = crate::runtime::Scope::current() else {
+                return Err(Error::NoRuntime { tool: name });
+            };
+            let store = postgres(scope.idem(), name)?;
+            let limit = scope.idem().max_result_bytes();
+            let wrapped =
+                async move |tx: &mut Transaction<'_>| settlement::<T, E, H>(body(tx).await, limit);
+            let ran = store
+                .transact(None, tool.effective_wait(), E::MAY_STORE, wrapped)
+                .await?;
+            return match ran {
+                Transacted::Settled(answer) => {
+                    let class = answer.class.unwrap_or(ErrorClass::Release);
+                    answer
+                        .result
+                        .map(Outcome::Unprotected)
+                        .map_err(|error| Error::Tool {
+                            error,
+                            replayed: false,
+                            class,
+                        })
+                }
+                // No key to name: the store's error says what failed (the writes are kept
+                // whole or not at all, as always).
+                Transacted::NotCommitted(_, source) => Err(Error::Store(source)),
+                Transacted::Answered(_) => unreachable!("no claim, no answer"),
+            };
+        }
+    };
+    crate::current::note_call(name, key);
+    let span = crate::telemetry::call_span(name, scope.tenant(), &key.short_hash());
+    let started = std::time::Instant::now();
+    let idem = scope.idem();
+    let result = async {
+        let store = postgres(idem, name)?;
+        let wait = tool.effective_wait();
+        let now = idem.clock().now();
+        let tenant = scope.shared_tenant();
+        let request = ClaimRequest {
+            tenant: &tenant,
+            key,
+            tool: name,
+            fingerprint,
+            now,
+            lease: tool.effective_lease(idem),
+            ttl: tool.effective_ttl(idem),
+            orphans: Orphans::TakeOver,
+        };
+        let limit = idem.max_result_bytes();
+        let wrapped = async move |tx: &mut Transaction<'_>| {
+            let lease = Arc::default();
+            let result = crate::current::run_as(name, key, lease, body(tx)).await;
+            settlement::<T, E, H>(result, limit)
+        };
+        let ran = store
+            .transact(Some(request), wait, E::MAY_STORE, wrapped)
+            .await?;
+        answer::<T, E, H>(name, key, now, request.lease, ran)
+    }
+    .instrument(span.clone())
+    .await;
+    crate::telemetry::finish(&span, name, &result, started);
+    result
+}
+
+/// The outcome of a transactional call, from how its transaction ended.
+fn answer<T, E, H>(
+    name: &'static str,
+    key: IdempotencyKey,
+    now: UnixMillis,
+    lease: Duration,
+    ran: Transacted<Answer<T, E>>,
+) -> Result<Outcome<T>, Error<E>>
+where
+    T: DeserializeOwned,
+    E: ErrorHandling<H>,
+{
+    let hash = key.short_hash();
+    let answer = match ran {
+        Transacted::Answered(Claim::Completed { result }) => {
+            return replay::<T, E, H>(name, key, &result);
+        }
+        Transacted::Answered(Claim::Mismatch) => {
+            return Ok(Outcome::Mismatch(Mismatch::new(name, hash)));
+        }
+        Transacted::Answered(Claim::InFlight { lease_expires_at }) => {
+            // Past the wait for another transaction (`now` + the wait), or a record left
+            // `in_flight` by a non-transactional version of the tool.
+            let wait = retry_after(lease_expires_at, now, lease);
+            return Ok(Outcome::InFlight(InFlight::new(name, hash, wait)));
+        }
+        Transacted::Answered(Claim::Unknown) => {
+            return Ok(Outcome::Unknown(Unknown::new(name, hash)));
+        }
+        Transacted::Answered(Claim::Acquired { .. }) => {
+            unreachable!("an acquired claim runs the body")
+        }
+        Transacted::NotCommitted(_, source) => {
+            return Err(Error::NotCommitted {
+                tool: name,
+                key: hash,
+                source,
+            });
+        }
+        Transacted::Settled(answer) => answer,
+    };
+    match answer.kept {
+        Kept::NotEncoded(source) => {
+            return Err(Error::ResultNotStored {
+                tool: name,
+                key: hash,
+                source,
+            });
+        }
+        Kept::TooLarge { size, limit } => {
+            return Err(Error::ResultTooLarge {
+                tool: name,
+                key: hash,
+                size,
+                limit,
+                replayed: false,
+            });
+        }
+        Kept::Whole => {}
+    }
+    match answer.result {
+        Ok(v) => Ok(Outcome::Fresh(v)),
+        Err(error) => Err(Error::Tool {
+            error,
+            replayed: false,
+            class: answer.class.unwrap_or(ErrorClass::Release),
+        }),
+    }
+}
