@@ -245,7 +245,8 @@ pub use idem_runtime::rig;
 ///
 /// For effects in the database that also holds idem's records (the Postgres store, feature
 /// `postgres`): the tool takes a transaction on that database as its first parameter, which
-/// callers never pass, and its claim, its writes and its recorded result commit in that one
+/// callers never pass (`&mut tokio_postgres::Transaction<'_>`, or with the feature `sqlx`,
+/// `&mut sqlx::PgConnection` on the pool handed to `PostgresStore::use_sqlx`), and its claim, its writes and its recorded result commit in that one
 /// transaction. A crash, a cancellation or an error leaves all of it or none of it: exactly once,
 /// with no lease, no orphan and no `unknown` state ([`transactional`] has the whole table). A
 /// concurrent call of the same key waits for the first to commit, at most `wait` (default 2 s),

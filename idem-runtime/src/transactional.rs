@@ -1,7 +1,12 @@
 //! Transactional tools: exactly once, not at most once, for effects in the store's own database.
 //!
 //! A tool declared `transactional` takes a transaction on the database of the Postgres store as
-//! its first parameter; callers do not pass it. The claim of its key, the tool's own writes and
+//! its first parameter; callers do not pass it. The type it takes names the driver:
+//! `&mut tokio_postgres::Transaction<'_>` (feature `postgres`, idem's own pool; re-exported as
+//! `idem::store::postgres::tokio_postgres`), or `&mut sqlx::PgConnection` (feature `sqlx`, sqlx
+//! 0.8, on the pool you hand the store with
+//! [`PostgresStore::use_sqlx`](crate::store::postgres::PostgresStore::use_sqlx); write
+//! `.execute(&mut *tx)` as in any sqlx transaction). The claim of its key, the tool's own writes and
 //! its recorded result commit in that one transaction (the "atomic phase" of Stripe's published
 //! design): a crash, a cancellation or an error at any point leaves all of it or none of it, and
 //! the retry replays or simply runs again.
@@ -64,7 +69,7 @@ use crate::registry::ToolInfo;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a transaction idem can give a transactional tool",
     label = "the first parameter of a `transactional` tool is its transaction",
-    note = "with the `postgres` feature, take `tx: &mut idem::store::postgres::tokio_postgres::Transaction<'_>` (or `&Transaction<'_>`)"
+    note = "take `tx: &mut idem::store::postgres::tokio_postgres::Transaction<'_>` (feature `postgres`) or `tx: &mut sqlx::PgConnection` (feature `sqlx`)"
 )]
 pub trait Transactional {
     /// The transaction, for any lifetime of the connection it borrows.
@@ -102,6 +107,28 @@ impl Transactional for tokio_postgres::Transaction<'_> {
         T: StorableResult,
         B: for<'a, 't> AsyncFnOnce(&'a mut tokio_postgres::Transaction<'t>) -> Result<T, E>,
     {
-        crate::protocol::transactional::run_postgres::<T, E, H, B>(tool, key, fingerprint, body)
+        use crate::protocol::transactional::{TokioPostgres, run};
+        run::<TokioPostgres, T, E, H, B>(tool, key, fingerprint, body)
+    }
+}
+
+#[cfg(feature = "sqlx")]
+impl Transactional for sqlx::PgConnection {
+    type Of<'t> = sqlx::PgConnection;
+
+    fn run<H, T, E, B>(
+        tool: &'static ToolInfo,
+        _policy: H,
+        key: KeyParts,
+        fingerprint: Result<Fingerprint, CanonicalError>,
+        body: B,
+    ) -> impl Future<Output = Result<Outcome<T>, Error<E>>>
+    where
+        E: ErrorHandling<H>,
+        T: StorableResult,
+        B: for<'a, 't> AsyncFnOnce(&'a mut sqlx::PgConnection) -> Result<T, E>,
+    {
+        use crate::protocol::transactional::{Sqlx, run};
+        run::<Sqlx, T, E, H, B>(tool, key, fingerprint, body)
     }
 }

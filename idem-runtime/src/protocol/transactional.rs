@@ -112,9 +112,75 @@ fn postgres<'a>(idem: &'a Idem, tool: &'static str) -> Result<&'a PostgresStore,
     })
 }
 
-/// Runs a transactional tool on tokio-postgres: `body` gets the transaction that also holds
+/// A driver of transactional tools: the handle its tools take, and the Postgres store's
+/// transaction on it.
+pub(crate) trait Driver {
+    /// What the tool's body gets.
+    type Handle<'t>;
+
+    /// The store's transaction for one call (see `PostgresStore::transact`).
+    fn transact<X, R, B, S>(
+        store: &PostgresStore,
+        req: Option<ClaimRequest<'_>>,
+        wait: Duration,
+        savepoint: bool,
+        body: B,
+        settle: S,
+    ) -> impl Future<Output = Result<Transacted<R>, StoreError>>
+    where
+        B: for<'a, 't> AsyncFnOnce(&'a mut Self::Handle<'t>) -> X,
+        S: FnOnce(X) -> (Settlement, R);
+}
+
+/// tokio-postgres: the body gets the `Transaction`.
+pub(crate) struct TokioPostgres;
+
+impl Driver for TokioPostgres {
+    type Handle<'t> = Transaction<'t>;
+
+    fn transact<X, R, B, S>(
+        store: &PostgresStore,
+        req: Option<ClaimRequest<'_>>,
+        wait: Duration,
+        savepoint: bool,
+        body: B,
+        settle: S,
+    ) -> impl Future<Output = Result<Transacted<R>, StoreError>>
+    where
+        B: for<'a, 't> AsyncFnOnce(&'a mut Transaction<'t>) -> X,
+        S: FnOnce(X) -> (Settlement, R),
+    {
+        store.transact(req, wait, savepoint, body, settle)
+    }
+}
+
+/// sqlx: the body gets the transaction's `PgConnection`, on the pool handed to the store.
+#[cfg(feature = "sqlx")]
+pub(crate) struct Sqlx;
+
+#[cfg(feature = "sqlx")]
+impl Driver for Sqlx {
+    type Handle<'t> = sqlx::PgConnection;
+
+    fn transact<X, R, B, S>(
+        store: &PostgresStore,
+        req: Option<ClaimRequest<'_>>,
+        wait: Duration,
+        savepoint: bool,
+        body: B,
+        settle: S,
+    ) -> impl Future<Output = Result<Transacted<R>, StoreError>>
+    where
+        B: for<'a, 't> AsyncFnOnce(&'a mut sqlx::PgConnection) -> X,
+        S: FnOnce(X) -> (Settlement, R),
+    {
+        store.transact_sqlx(req, wait, savepoint, body, settle)
+    }
+}
+
+/// Runs a transactional tool on the driver `D`: `body` gets the transaction that also holds
 /// the claim and the record.
-pub(crate) async fn run_postgres<T, E, H, B>(
+pub(crate) async fn run<D, T, E, H, B>(
     tool: &'static ToolInfo,
     key: KeyParts,
     fingerprint: Result<Fingerprint, CanonicalError>,
@@ -123,7 +189,8 @@ pub(crate) async fn run_postgres<T, E, H, B>(
 where
     T: Serialize + DeserializeOwned,
     E: ErrorHandling<H>,
-    B: for<'a, 't> AsyncFnOnce(&'a mut Transaction<'t>) -> Result<T, E>,
+    D: Driver,
+    B: for<'a, 't> AsyncFnOnce(&'a mut D::Handle<'t>) -> Result<T, E>,
 {
     let name = tool.name;
     let (scope, key, fingerprint) = match prepare(tool, key, fingerprint)? {
@@ -138,11 +205,9 @@ where
             };
             let store = postgres(scope.idem(), name)?;
             let limit = scope.idem().max_result_bytes();
-            let wrapped =
-                async move |tx: &mut Transaction<'_>| settlement::<T, E, H>(body(tx).await, limit);
-            let ran = store
-                .transact(None, tool.effective_wait(), E::MAY_STORE, wrapped)
-                .await?;
+            let settle = move |result| settlement::<T, E, H>(result, limit);
+            let wait = tool.effective_wait();
+            let ran = D::transact(store, None, wait, E::MAY_STORE, body, settle).await?;
             return match ran {
                 Transacted::Settled(answer) => {
                     let class = answer.class.unwrap_or(ErrorClass::Release);
@@ -182,14 +247,10 @@ where
             orphans: Orphans::TakeOver,
         };
         let limit = idem.max_result_bytes();
-        let wrapped = async move |tx: &mut Transaction<'_>| {
-            let lease = Arc::default();
-            let result = crate::current::run_as(name, key, lease, body(tx)).await;
-            settlement::<T, E, H>(result, limit)
-        };
-        let ran = store
-            .transact(Some(request), wait, E::MAY_STORE, wrapped)
-            .await?;
+        let settle = move |result| settlement::<T, E, H>(result, limit);
+        // The whole transaction runs as the call: the body sees `current()`.
+        let transaction = D::transact(store, Some(request), wait, E::MAY_STORE, body, settle);
+        let ran = crate::current::run_as(name, key, Arc::default(), transaction).await?;
         answer::<T, E, H>(name, key, now, request.lease, ran)
     }
     .instrument(span.clone())

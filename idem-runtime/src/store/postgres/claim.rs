@@ -196,30 +196,62 @@ impl Sql {
     }
 }
 
+/// The columns of a claim's answer (`decision, token, lease_expires_at, expires_at, result`),
+/// whichever driver read them.
+pub(super) struct ClaimRow {
+    pub(super) decision: i16,
+    pub(super) token: Option<i64>,
+    pub(super) lease_expires_at: Option<i64>,
+    pub(super) expires_at: Option<i64>,
+    pub(super) result: Option<Vec<u8>>,
+}
+
+impl ClaimRow {
+    /// Reads a claim's answer from a tokio-postgres row.
+    pub(super) fn read(row: &Row) -> ClaimRow {
+        ClaimRow {
+            decision: row.get(0),
+            token: row.get(1),
+            lease_expires_at: row.get(2),
+            expires_at: row.get(3),
+            result: row.get(4),
+        }
+    }
+}
+
 pub(super) fn decode_claim(
     row: &Row,
     token: FencingToken,
     req: ClaimRequest<'_>,
     replays: &ReplayCache,
 ) -> Result<Claim, StoreError> {
+    decide_claim(ClaimRow::read(row), token, req, replays)
+}
+
+/// The claim a row answers; a replay goes into the replay cache.
+pub(super) fn decide_claim(
+    row: ClaimRow,
+    token: FencingToken,
+    req: ClaimRequest<'_>,
+    replays: &ReplayCache,
+) -> Result<Claim, StoreError> {
     const OP: &str = "claim";
-    let decision: i16 = row.get(0);
-    Ok(match decision {
+    let missing = || corrupt(OP, "the claim's answer lacks a column");
+    Ok(match row.decision {
         0 | 1 => {
-            let stored: i64 = row.get(1);
+            let stored = row.token.ok_or_else(missing)?;
             if stored as u64 != token.get() {
                 return Err(corrupt(OP, "the server answered with another token"));
             }
             Claim::Acquired {
                 token,
-                takeover: decision == 1,
+                takeover: row.decision == 1,
             }
         }
         2 => Claim::Mismatch,
         3 => {
-            let result: Option<Vec<u8>> = row.get(4);
-            let result = result.unwrap_or_default();
-            let expires_at: i64 = row.get(3);
+            let result = row.result.unwrap_or_default();
+            let expires_at = row.expires_at.ok_or_else(missing)?;
             replays.put(
                 req.tenant,
                 req.key,
@@ -230,7 +262,7 @@ pub(super) fn decode_claim(
             Claim::Completed { result }
         }
         4 => {
-            let lease: i64 = row.get(2);
+            let lease = row.lease_expires_at.ok_or_else(missing)?;
             Claim::InFlight {
                 lease_expires_at: lease.max(0) as u64,
             }

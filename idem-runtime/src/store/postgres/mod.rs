@@ -58,6 +58,8 @@ mod admin;
 mod claim;
 mod options;
 mod schema;
+#[cfg(feature = "sqlx")]
+mod sqlx;
 mod tls;
 pub(crate) mod transaction;
 
@@ -93,6 +95,10 @@ struct Inner {
     transaction_pooler: bool,
     /// See [`PostgresOptions::response_timeout`].
     response_timeout: Duration,
+    /// The sqlx pool of transactional tools that take a sqlx connection
+    /// ([`PostgresStore::use_sqlx`]).
+    #[cfg(feature = "sqlx")]
+    sqlx: std::sync::RwLock<Option<::sqlx::PgPool>>,
 }
 
 /// What the store knows of its connections' encryption.
@@ -331,6 +337,8 @@ impl PostgresStore {
                 encryption,
                 transaction_pooler: options.transaction_pooler,
                 response_timeout: options.response_timeout,
+                #[cfg(feature = "sqlx")]
+                sqlx: std::sync::RwLock::new(None),
             }),
         };
         store.migrate_in_time(&options.schema).await?;

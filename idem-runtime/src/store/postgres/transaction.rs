@@ -56,18 +56,20 @@ impl PostgresStore {
     /// Runs `body` as a transactional tool's call of `req`'s key: claim, body, settlement and
     /// commit in one transaction (see the module docs). `wait` bounds how long a concurrent
     /// claim of the key waits for this one; `savepoint` puts the body under a savepoint, so that
-    /// its writes can be rolled back alone ([`Settlement::RecordWithoutWrites`]). Without a
-    /// request (the caller omitted an optional key) the body runs in a transaction of its own,
-    /// and nothing is recorded.
-    pub(crate) async fn transact<R, B>(
+    /// its writes can be rolled back alone ([`Settlement::RecordWithoutWrites`]); `settle` says
+    /// what the body's answer makes of the transaction. Without a request (the caller omitted an
+    /// optional key) the body runs in a transaction of its own, and nothing is recorded.
+    pub(crate) async fn transact<X, R, B, S>(
         &self,
         req: Option<ClaimRequest<'_>>,
         wait: Duration,
         savepoint: bool,
         body: B,
+        settle: S,
     ) -> Result<Transacted<R>, StoreError>
     where
-        B: for<'a, 't> AsyncFnOnce(&'a mut Transaction<'t>) -> (Settlement, R),
+        B: for<'a, 't> AsyncFnOnce(&'a mut Transaction<'t>) -> X,
+        S: FnOnce(X) -> (Settlement, R),
     {
         const OP: &str = "transactional call";
         let replays = &self.inner.replays;
@@ -79,7 +81,15 @@ impl PostgresStore {
         let mut client = self.inner.pool.get().await.map_err(|e| pool_error(OP, e))?;
         let mut discard = false;
         let ended = self
-            .transact_on(&mut client, &mut discard, req, wait, savepoint, body)
+            .transact_on(
+                &mut client,
+                &mut discard,
+                req,
+                wait,
+                savepoint,
+                body,
+                settle,
+            )
             .await;
         if discard {
             // A statement went unanswered: the connection may answer it late, or never.
@@ -90,7 +100,8 @@ impl PostgresStore {
 
     /// [`PostgresStore::transact`] on one connection; sets `discard` when a statement of idem's
     /// went unanswered.
-    async fn transact_on<R, B>(
+    #[allow(clippy::too_many_arguments)]
+    async fn transact_on<X, R, B, S>(
         &self,
         client: &mut deadpool_postgres::Object,
         discard: &mut bool,
@@ -98,9 +109,11 @@ impl PostgresStore {
         wait: Duration,
         savepoint: bool,
         body: B,
+        settle: S,
     ) -> Result<Transacted<R>, StoreError>
     where
-        B: for<'a, 't> AsyncFnOnce(&'a mut Transaction<'t>) -> (Settlement, R),
+        B: for<'a, 't> AsyncFnOnce(&'a mut Transaction<'t>) -> X,
+        S: FnOnce(X) -> (Settlement, R),
     {
         let cache = client.statement_cache.clone();
         let pg: &mut tokio_postgres::Client = client;
@@ -124,7 +137,7 @@ impl PostgresStore {
             let mut inner = self
                 .timed("savepoint", discard, tx.savepoint("idem_body"))
                 .await?;
-            let (settlement, answer) = body(&mut inner).await;
+            let (settlement, answer) = settle(body(&mut inner).await);
             let closed = match settlement {
                 Settlement::Keep(..) => self.timed("savepoint", discard, inner.commit()).await,
                 Settlement::RecordWithoutWrites(..) | Settlement::RollBack => {
@@ -136,7 +149,7 @@ impl PostgresStore {
             }
             (settlement, answer)
         } else {
-            body(&mut tx).await
+            settle(body(&mut tx).await)
         };
 
         let (status, bytes) = match settlement {

@@ -1,5 +1,6 @@
 // A transactional tool: the transaction is filled in by idem (callers pass the arguments only),
-// taken `&mut` or `&`, on a free function or a method, and the call is a `Send` future.
+// taken `&mut` or `&`, on a free function or a method, on tokio-postgres or sqlx, and the call
+// is a `Send` future.
 use idem::store::postgres::tokio_postgres::{Error, Transaction};
 use idem::{Idem, idempotent};
 
@@ -30,6 +31,20 @@ async fn cancel_order(tx: &Transaction<'_>, run_id: String, order_id: i64) -> Re
         .map_err(|e| e.to_string())
 }
 
+/// On sqlx: the transaction's connection, as in any sqlx transaction.
+#[idempotent(key = "run_id", mutating, transactional, name = "orders.sqlx")]
+async fn create_order_sqlx(
+    tx: &mut sqlx::PgConnection,
+    run_id: String,
+    item: String,
+) -> Result<i64, String> {
+    sqlx::query_scalar("INSERT INTO orders (item) VALUES ($1) RETURNING id")
+        .bind(&item)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 struct Orders {
     table: &'static str,
 }
@@ -56,6 +71,9 @@ async fn main() {
     let refused = tokio::spawn(fut).await.unwrap().unwrap_err();
     assert!(!refused.body_ran());
     assert!(scope.run(cancel_order("r".into(), 1)).await.is_err());
+    let fut = scope.run(create_order_sqlx("r".into(), "tent".into()));
+    assert_send(&fut);
+    assert!(tokio::spawn(fut).await.unwrap().is_err());
     let orders = Orders { table: "orders" };
     assert!(scope.run(orders.touch("r".into())).await.is_err());
 }
