@@ -244,40 +244,29 @@ fn kill_9_at_random_moments_on_postgres() {
     });
 }
 
-fn kill_9_cycles(postgres: Option<String>) {
-    let cycles: u32 = std::env::var("IDEM_CRASH_CYCLES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
-    let dir = tempfile::tempdir().unwrap();
-    let (db, ledger) = (dir.path().join("idem.db"), dir.path().join("provider.log"));
+/// Starts `child` (given its phase file) `cycles` times and kills each with SIGKILL after a
+/// random delay of `base_ms` plus up to `spread_ms`; then a last child, never killed, finishes
+/// what is left. Answers how many kills landed after each phase (the last mark in the child's
+/// phase file; `-` before the first).
+fn kill_cycles(
+    dir: &Path,
+    cycles: u32,
+    seed: u64,
+    (base_ms, spread_ms): (u64, u64),
+    child: impl Fn(&Path) -> std::process::Child,
+) -> HashMap<char, usize> {
     let mut kills: HashMap<char, usize> = HashMap::new();
-    let mut seed: u64 = 0x1de3_0000 ^ u64::from(cycles);
+    let mut seed = seed ^ u64::from(cycles);
     let mut random = |below: u64| {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         seed % below
     };
-    let child = |phases: &Path| {
-        let mut command = Command::new(std::env::current_exe().unwrap());
-        command
-            .args(["crash_worker", "--exact", "--ignored", "--test-threads=1"])
-            .env("IDEM_CRASH_DB", &db)
-            .env("IDEM_CRASH_LEDGER", &ledger)
-            .env("IDEM_CRASH_PHASES", phases)
-            .env_remove("IDEM_CRASH_POSTGRES")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(url) = &postgres {
-            command.env("IDEM_CRASH_POSTGRES", url);
-        }
-        command.spawn().expect("spawn")
-    };
     for cycle in 0..cycles {
-        let phases = dir.path().join(format!("phases-{cycle}"));
+        let phases = dir.join(format!("phases-{cycle}"));
         let mut running = child(&phases);
-        std::thread::sleep(Duration::from_millis(15 + random(60)));
+        std::thread::sleep(Duration::from_millis(base_ms + random(spread_ms)));
         let killed = running.try_wait().unwrap().is_none();
         running.kill().ok();
         let status = running.wait().unwrap();
@@ -293,14 +282,41 @@ fn kill_9_cycles(postgres: Option<String>) {
             assert!(status.success(), "an unkilled child failed");
         }
     }
-    // A last child, never killed, finishes whatever is left (waiting out orphans' leases).
-    let phases = dir.path().join("phases-final");
+    let phases = dir.join("phases-final");
     let last = child(&phases).wait_with_output().unwrap();
     assert!(
         last.status.success(),
         "{}",
         String::from_utf8_lossy(&last.stderr)
     );
+    kills
+}
+
+fn kill_9_cycles(postgres: Option<String>) {
+    let cycles: u32 = std::env::var("IDEM_CRASH_CYCLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let dir = tempfile::tempdir().unwrap();
+    let (db, ledger) = (dir.path().join("idem.db"), dir.path().join("provider.log"));
+    let child = |phases: &Path| {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .args(["crash_worker", "--exact", "--ignored", "--test-threads=1"])
+            .env("IDEM_CRASH_DB", &db)
+            .env("IDEM_CRASH_LEDGER", &ledger)
+            .env("IDEM_CRASH_PHASES", phases)
+            .env_remove("IDEM_CRASH_POSTGRES")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(url) = &postgres {
+            command.env("IDEM_CRASH_POSTGRES", url);
+        }
+        command.spawn().expect("spawn")
+    };
+    // Killed at random moments; the last child finishes what is left (waiting out orphans'
+    // leases).
+    let kills = kill_cycles(dir.path(), cycles, 0x1de3_0000, (15, 60), child);
 
     let mut charged: HashMap<u32, usize> = HashMap::new();
     for line in std::fs::read_to_string(&ledger).unwrap().lines() {
@@ -454,14 +470,6 @@ fn kill_9_of_a_transactional_tool_on_postgres() {
     let sep = if url.contains('?') { '&' } else { '?' };
     let store_url = format!("{url}{sep}schema={schema}&options=-csearch_path%3D{schema}");
     let dir = tempfile::tempdir().unwrap();
-    let mut kills: HashMap<char, usize> = HashMap::new();
-    let mut seed: u64 = 0x7a5c_0000 ^ u64::from(cycles);
-    let mut random = |below: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % below
-    };
     let child = |phases: &Path| {
         Command::new(std::env::current_exe().unwrap())
             .args([
@@ -477,32 +485,7 @@ fn kill_9_of_a_transactional_tool_on_postgres() {
             .spawn()
             .expect("spawn")
     };
-    for cycle in 0..cycles {
-        let phases = dir.path().join(format!("phases-{cycle}"));
-        let mut running = child(&phases);
-        std::thread::sleep(Duration::from_millis(20 + random(80)));
-        let killed = running.try_wait().unwrap().is_none();
-        running.kill().ok();
-        let status = running.wait().unwrap();
-        if killed {
-            let text = std::fs::read_to_string(&phases).unwrap_or_default();
-            let last = text
-                .lines()
-                .last()
-                .and_then(|l| l.chars().next())
-                .unwrap_or('-');
-            *kills.entry(last).or_default() += 1;
-        } else {
-            assert!(status.success(), "an unkilled child failed");
-        }
-    }
-    let phases = dir.path().join("phases-final");
-    let last = child(&phases).wait_with_output().unwrap();
-    assert!(
-        last.status.success(),
-        "{}",
-        String::from_utf8_lossy(&last.stderr)
-    );
+    let kills = kill_cycles(dir.path(), cycles, 0x7a5c_0000, (20, 80), child);
 
     let (orders, lines, statuses) = runtime.block_on(async {
         let count = |table: &'static str| {

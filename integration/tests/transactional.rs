@@ -111,16 +111,10 @@ impl From<tokio_postgres::Error> for OrderError {
     }
 }
 
-/// Inserts the order, then answers: `qty` 0 is out of stock, after the insert (the error must
-/// take the row back with it).
-#[idempotent(
-    key = "run_id, step_id",
-    mutating,
-    transactional,
-    name = "orders.create"
-)]
-async fn create_order(
-    tx: &mut Transaction<'_>,
+/// Inserts the order (one effect), then answers: `qty` 0 is out of stock, after the insert (the
+/// error must take the row back with it).
+async fn insert_order(
+    tx: &Transaction<'_>,
     run_id: String,
     step_id: String,
     item: String,
@@ -142,6 +136,23 @@ async fn create_order(
     })
 }
 
+/// The tool over [`insert_order`].
+#[idempotent(
+    key = "run_id, step_id",
+    mutating,
+    transactional,
+    name = "orders.create"
+)]
+async fn create_order(
+    tx: &mut Transaction<'_>,
+    run_id: String,
+    step_id: String,
+    item: String,
+    qty: i32,
+) -> Result<Order, OrderError> {
+    insert_order(tx, run_id, step_id, item, qty).await
+}
+
 /// The same, storing its errors: an out-of-stock answer is kept and replayed, its row is not.
 #[idempotent(
     key = "run_id, step_id",
@@ -157,20 +168,7 @@ async fn create_order_storing_errors(
     item: String,
     qty: i32,
 ) -> Result<Order, OrderError> {
-    common::effect(&format!("{run_id}/{step_id}"));
-    let row = tx
-        .query_one(
-            "INSERT INTO orders (run_id, step_id, item, qty) VALUES ($1, $2, $3, $4) RETURNING id",
-            &[&run_id, &step_id, &item, &qty],
-        )
-        .await?;
-    if qty == 0 {
-        return Err(OrderError::OutOfStock);
-    }
-    Ok(Order {
-        id: row.get(0),
-        item,
-    })
+    insert_order(tx, run_id, step_id, item, qty).await
 }
 
 /// Inserts, then holds its transaction open for `hold_ms`.
@@ -667,13 +665,8 @@ async fn a_completion_that_fails_takes_the_writes_with_it() {
 mod on_sqlx {
     use super::*;
 
-    #[idempotent(
-        key = "run_id, step_id",
-        mutating,
-        transactional,
-        name = "orders.create_sqlx"
-    )]
-    async fn create_order(
+    /// Inserts the order (one effect); `qty` 0 is out of stock, after the insert.
+    async fn insert_order(
         tx: &mut sqlx::PgConnection,
         run_id: String,
         step_id: String,
@@ -701,6 +694,22 @@ mod on_sqlx {
         key = "run_id, step_id",
         mutating,
         transactional,
+        name = "orders.create_sqlx"
+    )]
+    async fn create_order(
+        tx: &mut sqlx::PgConnection,
+        run_id: String,
+        step_id: String,
+        item: String,
+        qty: i32,
+    ) -> Result<Order, String> {
+        insert_order(tx, run_id, step_id, item, qty).await
+    }
+
+    #[idempotent(
+        key = "run_id, step_id",
+        mutating,
+        transactional,
         on_error = "store",
         name = "orders.create_sqlx_stored"
     )]
@@ -710,20 +719,8 @@ mod on_sqlx {
         step_id: String,
         qty: i32,
     ) -> Result<i64, String> {
-        common::effect(&format!("{run_id}/{step_id}"));
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO orders (run_id, step_id, item, qty) VALUES ($1, $2, 'x', $3) RETURNING id",
-        )
-        .bind(&run_id)
-        .bind(&step_id)
-        .bind(qty)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(|e| e.to_string())?;
-        if qty == 0 {
-            return Err("out of stock".into());
-        }
-        Ok(id)
+        let order = insert_order(tx, run_id, step_id, "x".into(), qty).await?;
+        Ok(order.id)
     }
 
     /// The runtime over `db`, with a sqlx pool on the same database (its own `search_path`).

@@ -249,6 +249,15 @@ fn db_time(t: UnixMillis) -> i64 {
     i64::try_from(t).unwrap_or(i64::MAX)
 }
 
+/// The claim function's `p_orphans`: 0 take over, 1 reconcile, 2 block.
+fn orphans_code(orphans: Orphans) -> i16 {
+    match orphans {
+        Orphans::TakeOver => 0,
+        Orphans::Reconcile => 1,
+        Orphans::Block => 2,
+    }
+}
+
 fn db_millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -445,11 +454,7 @@ impl Store for PostgresStore {
                 &db_time(req.now),
                 &db_millis(req.lease),
                 &db_millis(req.ttl),
-                &match req.orphans {
-                    Orphans::TakeOver => 0i16,
-                    Orphans::Reconcile => 1,
-                    Orphans::Block => 2,
-                },
+                &orphans_code(req.orphans),
             ];
             let rows = self.query(OP, &self.inner.sql.claim_fast, &params).await?;
             if let Some(row) = rows.first().filter(|row| row.get::<_, i16>(0) >= 0) {

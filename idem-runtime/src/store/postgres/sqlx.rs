@@ -11,9 +11,9 @@ use sqlx::{PgConnection, PgPool, Postgres, Row as _};
 
 use super::claim::{ClaimRow, Statement, decide_claim};
 use super::transaction::{Settlement, Transacted};
-use super::{BACKEND, PostgresStore, corrupt, db_millis, db_time};
+use super::{BACKEND, PostgresStore, corrupt, db_millis, db_time, orphans_code};
 use crate::error::{StoreError, StoreErrorKind};
-use crate::store::{Claim, ClaimRequest, FencingToken, Orphans, RecordStatus, after};
+use crate::store::{Claim, ClaimRequest, FencingToken, RecordStatus, after};
 
 /// A sqlx future, boxed where it is made.
 type BoxFuture<'f, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'f>>;
@@ -294,11 +294,7 @@ impl PostgresStore {
             .bind(db_time(req.now))
             .bind(db_millis(req.lease))
             .bind(db_millis(req.ttl))
-            .bind(match req.orphans {
-                Orphans::TakeOver => 0i16,
-                Orphans::Reconcile => 1,
-                Orphans::Block => 2,
-            })
+            .bind(orphans_code(req.orphans))
     }
 
     /// `statement` as a sqlx query: prepared and kept per connection, except through a

@@ -21,9 +21,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::claim::{Statement, decode_claim};
-use super::{PostgresStore, corrupt, db_millis, db_time, pg_error, pool_error};
+use super::{PostgresStore, corrupt, db_millis, db_time, orphans_code, pg_error, pool_error};
 use crate::error::StoreError;
-use crate::store::{Claim, ClaimRequest, FencingToken, Orphans, RecordStatus, after};
+use crate::store::{Claim, ClaimRequest, FencingToken, RecordStatus, after};
 
 /// What the body's result makes of the transaction.
 #[derive(Debug)]
@@ -252,11 +252,7 @@ impl PostgresStore {
             &db_time(req.now),
             &db_millis(req.lease),
             &db_millis(req.ttl),
-            &match req.orphans {
-                Orphans::TakeOver => 0i16,
-                Orphans::Reconcile => 1,
-                Orphans::Block => 2,
-            },
+            &orphans_code(req.orphans),
         ];
         let sql = &self.inner.sql;
         let replays = &self.inner.replays;
