@@ -121,6 +121,9 @@ async fn insert_order(
     qty: i32,
 ) -> Result<Order, OrderError> {
     common::effect(&format!("{run_id}/{step_id}"));
+    // The body runs as the call: downstream keys are there, as in every keyed tool.
+    let downstream = idem::current().expect("a transactional body knows its call");
+    assert_eq!(downstream.derive("stripe").as_str().len(), 64);
     let row = tx
         .query_one(
             "INSERT INTO orders (run_id, step_id, item, qty) VALUES ($1, $2, $3, $4) RETURNING id",
@@ -471,6 +474,47 @@ async fn the_store_over_the_same_database_sees_the_record_as_every_tool_does() {
         .expect("through an Arc'd store");
     assert!(out.is_fresh());
     assert_eq!(db.rows(&run, "s1").await, 1);
+    db.drop().await;
+}
+
+/// An optional key: without it, the call runs unprotected, in a transaction of its own.
+#[idempotent(key = "request_id", mutating, transactional, name = "orders.optional")]
+async fn optional_order(
+    tx: &mut Transaction<'_>,
+    request_id: Option<String>,
+    run_id: String,
+) -> Result<i64, OrderError> {
+    let row = tx
+        .query_one(
+            "INSERT INTO orders (run_id, step_id, item, qty) VALUES ($1, 'o', 'o', 1) RETURNING id",
+            &[&run_id],
+        )
+        .await?;
+    let _ = request_id;
+    Ok(row.get(0))
+}
+
+#[tokio::test]
+async fn without_its_optional_key_a_call_runs_unprotected_and_commits_its_writes() {
+    let Some(db) = Db::new().await else { return };
+    let idem = db.idem().await;
+    let scope = idem.scope("tenant-tx");
+    let run = common::unique("run");
+    for _ in 0..2 {
+        let out = scope
+            .run(optional_order(None, run.clone()))
+            .await
+            .expect("unprotected");
+        assert!(matches!(out, idem::Outcome::Unprotected(_)), "{out:?}");
+    }
+    assert_eq!(db.rows(&run, "o").await, 2, "each unprotected call wrote");
+    for _ in 0..2 {
+        scope
+            .run(optional_order(Some("req-1".into()), run.clone()))
+            .await
+            .expect("keyed");
+    }
+    assert_eq!(db.rows(&run, "o").await, 3, "the keyed calls wrote once");
     db.drop().await;
 }
 
