@@ -11,10 +11,13 @@
 //! design): a crash, a cancellation or an error at any point leaves all of it or none of it, and
 //! the retry replays or simply runs again.
 //!
+//! The tool, as the facade's `#[idempotent]` takes it (the attribute is the facade's):
+//!
 //! ```no_run
+//! # #[cfg(feature = "postgres")] mod example {
 //! # use idem_runtime as idem;
-//! # use idem::store::postgres::tokio_postgres;
-//! use tokio_postgres::Transaction;
+//! use idem::store::postgres::tokio_postgres::{self, Transaction};
+//!
 //! // #[idempotent(key = "run_id, step_id", mutating, transactional)]
 //! async fn create_order(
 //!     tx: &mut Transaction<'_>,
@@ -28,6 +31,7 @@
 //!     Ok(row.get(0))
 //! }
 //! // idem.scope("tenant-a").run(create_order(run_id, step_id, item)).await?
+//! # }
 //! ```
 //!
 //! | what happens | then |

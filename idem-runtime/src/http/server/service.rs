@@ -217,7 +217,7 @@ impl Config {
                 ));
                 }
                 Ok(Claiming::Completed(result)) => {
-                    return match decode_response(&result) {
+                    return match decode_response(result) {
                         Some(mut response) => {
                             response
                                 .headers_mut()

@@ -34,7 +34,9 @@ pub(super) fn encode_response(
     out
 }
 
-pub(super) fn decode_response(stored: &[u8]) -> Option<Response<Full<Bytes>>> {
+/// The response `stored` holds; its body is a slice of `stored`, not a copy.
+pub(super) fn decode_response(stored: Vec<u8>) -> Option<Response<Full<Bytes>>> {
+    let stored = Bytes::from(stored);
     let mut rest = stored.strip_prefix(STORED_MAGIC)?;
     let mut take = |n: usize| -> Option<&[u8]> {
         let (head, tail) = (rest.get(..n)?, rest.get(n..)?);
@@ -52,7 +54,8 @@ pub(super) fn decode_response(stored: &[u8]) -> Option<Response<Full<Bytes>>> {
         let value = HeaderValue::from_bytes(take(len)?).ok()?;
         response.headers_mut().append(name, value);
     }
-    *response.body_mut() = Full::new(Bytes::copy_from_slice(rest));
+    let body = stored.slice(stored.len() - rest.len()..);
+    *response.body_mut() = Full::new(body);
     Some(response)
 }
 
@@ -77,7 +80,7 @@ mod tests {
         let body = b"{\"id\": \"pi_1\",\n \"amount\": 500}\xff";
         let selected = [header::CONTENT_TYPE, header::LOCATION];
         let stored = encode_response(StatusCode::CREATED, &headers, &selected, body);
-        let replay = decode_response(&stored).expect("decodes");
+        let replay = decode_response(stored).expect("decodes");
         assert_eq!(replay.status(), StatusCode::CREATED);
         assert_eq!(replay.headers()[header::CONTENT_TYPE], "application/json");
         assert_eq!(replay.headers()[header::LOCATION], "/v1/x/1");
@@ -87,8 +90,8 @@ mod tests {
         );
         let bytes = futures_body(replay.into_body());
         assert_eq!(&bytes[..], &body[..]);
-        assert!(decode_response(b"IDR1\x00").is_none());
-        assert!(decode_response(b"nope").is_none());
+        assert!(decode_response(b"IDR1\x00".to_vec()).is_none());
+        assert!(decode_response(b"nope".to_vec()).is_none());
     }
 
     fn futures_body(body: Full<Bytes>) -> Bytes {
