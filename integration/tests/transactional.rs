@@ -508,11 +508,12 @@ async fn without_its_optional_key_a_call_runs_unprotected_and_commits_its_writes
         assert!(matches!(out, idem::Outcome::Unprotected(_)), "{out:?}");
     }
     assert_eq!(db.rows(&run, "o").await, 2, "each unprotected call wrote");
-    for _ in 0..2 {
-        scope
+    for attempt in 0..2 {
+        let out = scope
             .run(optional_order(Some("req-1".into()), run.clone()))
             .await
             .expect("keyed");
+        assert_eq!(out.is_replayed(), attempt == 1);
     }
     assert_eq!(db.rows(&run, "o").await, 3, "the keyed calls wrote once");
     db.drop().await;
