@@ -224,4 +224,26 @@ mod tests {
         );
         assert_eq!(json["tools"][1]["form"], "natural");
     }
+
+    #[test]
+    fn a_transactional_tool_says_so_and_has_no_lease() {
+        static ORDER: crate::registry::ToolInfo =
+            crate::registry::ToolInfo::new("orders.create", "create", "m", "f.rs", 9)
+                .stable_name()
+                .key(&["run_id"], false)
+                .transactional()
+                .wait_ms(500);
+        let report = Report::new(vec![&ORDER], DEFAULT_TTL, DEFAULT_LEASE);
+        let md = report.to_markdown();
+        assert!(
+            md.contains(
+                "| `orders.create` | keyed (mutating), transactional (waits 500ms for a \
+                 concurrent call) | `run_id` | 1d (default) | — | release | — |"
+            ),
+            "{md}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["tools"][0]["transactional"], true);
+        assert_eq!(json["tools"][0]["wait"], "500ms");
+    }
 }
