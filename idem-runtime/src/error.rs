@@ -149,8 +149,8 @@ pub enum Error<E> {
     NotCommitted {
         /// The tool's stable name.
         tool: &'static str,
-        /// Short hash of the key.
-        key: KeyHash,
+        /// Short hash of the key; `None` for a call without its optional key (unprotected).
+        key: Option<KeyHash>,
         /// The store's error.
         source: StoreError,
     },
@@ -337,12 +337,18 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 "tool `{tool}` (key {key}): the body ran but the store failed while recording \
                  its result; the key stays claimed until its lease lapses"
             ),
-            Error::NotCommitted { tool, key, .. } => write!(
-                f,
-                "tool `{tool}` (key {key}): the body ran but its transaction did not commit; \
-                 its writes and its record are kept together or not at all, and a retry with \
-                 the same key replays or runs again"
-            ),
+            Error::NotCommitted { tool, key, .. } => {
+                write!(f, "tool `{tool}`")?;
+                if let Some(key) = key {
+                    write!(f, " (key {key})")?;
+                }
+                write!(
+                    f,
+                    ": the body ran but its transaction did not commit; its writes and its \
+                     record are kept together or not at all, and a retry with the same key \
+                     replays or runs again"
+                )
+            }
             Error::ResultTooLarge {
                 tool,
                 key,

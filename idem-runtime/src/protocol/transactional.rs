@@ -220,9 +220,11 @@ where
                             class,
                         })
                 }
-                // No key to name: the store's error says what failed (the writes are kept
-                // whole or not at all, as always).
-                Transacted::NotCommitted(_, source) => Err(Error::Store(source)),
+                Transacted::NotCommitted(_, source) => Err(Error::NotCommitted {
+                    tool: name,
+                    key: None,
+                    source,
+                }),
                 Transacted::Answered(_) => unreachable!("no claim, no answer"),
             };
         }
@@ -294,7 +296,7 @@ where
         Transacted::NotCommitted(_, source) => {
             return Err(Error::NotCommitted {
                 tool: name,
-                key: hash,
+                key: Some(hash),
                 source,
             });
         }
