@@ -70,7 +70,9 @@ fn default_principal(parts: &http::request::Parts) -> String {
     match parts.headers.get(header::AUTHORIZATION) {
         Some(value) => {
             let digest = Sha256::digest(value.as_bytes());
-            let mut out = String::from("authorization:");
+            const PREFIX: &str = "authorization:";
+            let mut out = String::with_capacity(PREFIX.len() + 32);
+            out.push_str(PREFIX);
             crate::hex::push(&mut out, &digest[..16]);
             out
         }

@@ -1,6 +1,7 @@
 //! The service: a guarded request is buffered, fingerprinted, claimed through the call protocol,
 //! and either answered from its record or run once, in a task of its own, and recorded.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -138,7 +139,7 @@ impl Config {
             }
         };
         let principal = (self.principal)(&parts);
-        let fingerprint = self.fingerprint(&parts, &bytes);
+        let fingerprint = fingerprint(&parts, &bytes, &self.skip);
         let req = Request::from_parts(parts, Either::Right(Full::new(bytes)));
         self.guarded(inner, key, principal, fingerprint, req)
             .await
@@ -307,52 +308,47 @@ impl Config {
         }
         Response::from_parts(parts, Full::new(body))
     }
+}
 
-    fn fingerprint(&self, parts: &http::request::Parts, body: &Bytes) -> Fingerprint {
-        let content_type = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| {
-                v.split(';')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .to_ascii_lowercase()
+/// What a guarded request is fingerprinted by: its method, path and body. A JSON or form body
+/// is read as its fields (`skip` leaves some out; order and spacing do not count), any other
+/// body as its bytes.
+fn fingerprint(parts: &http::request::Parts, body: &Bytes, skip: &[Vec<String>]) -> Fingerprint {
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or("").trim())
+        .unwrap_or_default();
+    let canonical = if content_type.eq_ignore_ascii_case("application/json") {
+        serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .map(|mut json| {
+                for path in skip {
+                    remove_path(&mut json, path);
+                }
+                CanonicalBody::Json(json)
             })
-            .unwrap_or_default();
-        let canonical = match content_type.as_str() {
-            "application/json" => {
-                serde_json::from_slice::<serde_json::Value>(body)
-                    .ok()
-                    .map(|mut json| {
-                        for path in &self.skip {
-                            remove_path(&mut json, path);
-                        }
-                        CanonicalBody::Json(json)
-                    })
-            }
-            "application/x-www-form-urlencoded" => {
-                let mut pairs: Vec<(String, String)> = form_urlencoded::parse(body)
-                    .into_owned()
-                    .filter(|(name, _)| !self.skip.iter().any(|p| p.join(".") == *name))
-                    .collect();
-                pairs.sort();
-                Some(CanonicalBody::Form(pairs))
-            }
-            _ => None,
-        }
-        .unwrap_or_else(|| CanonicalBody::Bytes(crate::hex::encode(&Sha256::digest(body))));
-        ArgsFingerprint::new(&[])
-            .arg("method", parts.method.as_str())
-            .arg("path", parts.uri.path())
-            .arg("body", &canonical)
-            .finish()
-            .unwrap_or_else(|_| {
-                // JSON parsed from text always canonicalizes; keep the bytes if it ever did not.
-                Fingerprint::from_bytes(Sha256::digest(body).into())
-            })
+    } else if content_type.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+        // The pairs borrow the body where they need no decoding.
+        let mut pairs: Vec<(Cow<'_, str>, Cow<'_, str>)> = form_urlencoded::parse(body)
+            .filter(|(name, _)| !skip.iter().any(|p| p.join(".") == *name))
+            .collect();
+        pairs.sort();
+        Some(CanonicalBody::Form(pairs))
+    } else {
+        None
     }
+    .unwrap_or_else(|| CanonicalBody::Bytes(crate::hex::encode(&Sha256::digest(body))));
+    ArgsFingerprint::new(&[])
+        .arg("method", parts.method.as_str())
+        .arg("path", parts.uri.path())
+        .arg("body", &canonical)
+        .finish()
+        .unwrap_or_else(|_| {
+            // JSON parsed from text always canonicalizes; keep the bytes if it ever did not.
+            Fingerprint::from_bytes(Sha256::digest(body).into())
+        })
 }
 
 async fn pass<S, B, ResB>(
@@ -380,9 +376,9 @@ where
 /// What a request body is fingerprinted as.
 #[derive(serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-enum CanonicalBody {
+enum CanonicalBody<'a> {
     Json(serde_json::Value),
-    Form(Vec<(String, String)>),
+    Form(Vec<(Cow<'a, str>, Cow<'a, str>)>),
     Bytes(String),
 }
 
@@ -398,6 +394,72 @@ fn remove_path(value: &mut serde_json::Value, path: &[String]) {
             if let Some(inner) = value.get_mut(first) {
                 remove_path(inner, rest);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http::Request;
+
+    use super::fingerprint;
+
+    fn hex_of(content_type: &str, body: &'static str, skip: &[Vec<String>]) -> String {
+        let (parts, ()) = Request::post("/v1/payment_intents")
+            .header("content-type", content_type)
+            .body(())
+            .expect("request")
+            .into_parts();
+        let fp = fingerprint(&parts, &Bytes::from_static(body.as_bytes()), skip);
+        crate::hex::encode(fp.as_bytes())
+    }
+
+    /// A stored fingerprint must still match after an upgrade, or every retry of a request
+    /// made before it would be refused as a reused key: these values are pinned. The form's
+    /// fields in another order, its media type in other case with a parameter, and a skipped
+    /// field, all fingerprint as the form itself.
+    #[test]
+    fn request_fingerprints_are_pinned() {
+        let none: &[Vec<String>] = &[];
+        const FORM: &str = "7c9e0662e849250a9de2245d2ed3f9d7bbf1778f932e88989569ee7418774b22";
+        let form = "amount=500&currency=eur&customer=cus_42&memo=caf%C3%A9+noir";
+        let pinned = [
+            (
+                hex_of("application/x-www-form-urlencoded", form, none),
+                FORM,
+            ),
+            (
+                hex_of(
+                    "Application/X-WWW-Form-Urlencoded; charset=utf-8",
+                    form,
+                    none,
+                ),
+                FORM,
+            ),
+            (
+                hex_of(
+                    "application/x-www-form-urlencoded",
+                    "memo=caf%C3%A9+noir&customer=cus_42&currency=eur&amount=500&nonce=7",
+                    &[vec!["nonce".to_owned()]],
+                ),
+                FORM,
+            ),
+            (
+                hex_of(
+                    "application/json",
+                    r#"{"b": [1, "x"], "a": {"c": null}}"#,
+                    none,
+                ),
+                "dac70908d934f23a66ca1db0702f3993eddbfbbe7af23e56259a554f676fe85d",
+            ),
+            (
+                hex_of("text/plain", "hello", none),
+                "d3287a65df2f984b64c9e32a43d66d4d7c4aab9c384f7acada0f54fef024b711",
+            ),
+        ];
+        for (got, want) in pinned {
+            assert_eq!(got, want);
         }
     }
 }
