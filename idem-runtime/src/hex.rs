@@ -14,8 +14,8 @@ pub(crate) fn push(out: &mut String, bytes: &[u8]) {
             digits[0] = DIGITS[usize::from(b >> 4)];
             digits[1] = DIGITS[usize::from(b & 0x0f)];
         }
-        let spelled = &spelled[..chunk.len() * 2];
-        out.push_str(std::str::from_utf8(spelled).expect("hex digits are ASCII"));
+        let text = &spelled[..chunk.len() * 2];
+        out.push_str(std::str::from_utf8(text).expect("hex digits are ASCII"));
     }
 }
 
