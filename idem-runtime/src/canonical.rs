@@ -102,9 +102,10 @@ pub(crate) struct Members {
 }
 
 impl Members {
-    pub(crate) fn with_capacity(n: usize) -> Self {
+    /// Room for `n` members whose values take `bytes`.
+    pub(crate) fn with_capacity(n: usize, bytes: usize) -> Self {
         Members {
-            values: Vec::with_capacity(n * 16),
+            values: Vec::with_capacity(bytes),
             entries: Vec::with_capacity(n),
         }
     }
@@ -145,41 +146,77 @@ impl Members {
 
     /// Writes `{"a":…,"b":…}` with members in JCS order.
     pub(crate) fn write_to(mut self, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
+        self.sort()?;
+        write_object(out, &self.entries, |out, value| {
+            out.extend_from_slice(&self.values[value]);
+        });
+        Ok(())
+    }
+
+    /// The object alone, `{"a":…,"b":…}` with members in JCS order, written behind the member
+    /// values in their own buffer rather than into a second one.
+    pub(crate) fn into_object(mut self) -> Result<Vec<u8>, CanonicalError> {
+        self.sort()?;
+        let mut out = std::mem::take(&mut self.values);
+        let values = out.len();
+        write_object(&mut out, &self.entries, |out, value| {
+            out.extend_from_within(value);
+        });
+        out.drain(..values);
+        Ok(out)
+    }
+
+    /// Puts the members in JCS order; a name given twice is an error.
+    fn sort(&mut self) -> Result<(), CanonicalError> {
         self.entries.sort_by(|a, b| compare_utf16(&a.0, &b.0));
         if let Some(pair) = self.entries.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(CanonicalError::DuplicateMember(pair[0].0.to_string()));
         }
-        out.push(b'{');
-        for (i, (name, range)) in self.entries.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_str(out, name);
-            out.push(b':');
-            out.extend_from_slice(&self.values[range.clone()]);
-        }
-        out.push(b'}');
         Ok(())
     }
 }
 
+/// Writes the object of `entries`, in their order; `value` copies a member's value (a range of
+/// the members' buffer) to `out`.
+fn write_object(
+    out: &mut Vec<u8>,
+    entries: &[(Cow<'static, str>, Range<usize>)],
+    mut value: impl FnMut(&mut Vec<u8>, Range<usize>),
+) {
+    out.push(b'{');
+    for (i, (name, range)) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(out, name);
+        out.push(b':');
+        value(out, range.clone());
+    }
+    out.push(b'}');
+}
+
 /// JCS orders member names by their UTF-16 code units, which differs from byte order only for
-/// characters outside the Basic Multilingual Plane.
+/// characters outside the Basic Multilingual Plane. So the bytes decide wherever the first
+/// difference is an ASCII byte (an ASCII character against another, or against the lead byte of
+/// a longer one, which is larger in both orders); UTF-16 is compared only past a difference
+/// between two non-ASCII bytes.
 fn compare_utf16(a: &str, b: &str) -> std::cmp::Ordering {
-    if a.is_ascii() && b.is_ascii() {
-        a.as_bytes().cmp(b.as_bytes())
-    } else {
-        a.encode_utf16().cmp(b.encode_utf16())
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    match x.iter().zip(y).position(|(p, q)| p != q) {
+        None => x.len().cmp(&y.len()),
+        Some(i) if x[i] < 0x80 || y[i] < 0x80 => x[i].cmp(&y[i]),
+        Some(_) => a.encode_utf16().cmp(b.encode_utf16()),
     }
 }
 
 /// Escapes a string as ECMAScript's `JSON.stringify` does.
 pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'"');
     let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
     // Most strings (ids, names, amounts) need no escape at all.
-    if !bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\') {
+    if !bytes.iter().any(|&b| ESCAPED[usize::from(b)]) {
         out.extend_from_slice(bytes);
         out.push(b'"');
         return;
@@ -211,6 +248,19 @@ pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
 }
+
+/// The bytes a JSON string escapes: control characters, `"` and `\`.
+const ESCAPED: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = true;
+        b += 1;
+    }
+    table[b'"' as usize] = true;
+    table[b'\\' as usize] = true;
+    table
+};
 
 struct Canon<'a, 's> {
     out: &'a mut Vec<u8>,
@@ -389,7 +439,7 @@ impl<'a, 's> ser::Serializer for Canon<'a, 's> {
         Ok(Object {
             out: self.out,
             skip: self.skip,
-            members: Members::with_capacity(len.unwrap_or(0)),
+            members: Members::with_capacity(len.unwrap_or(0), len.unwrap_or(0) * 16),
             pending_key: None,
             close_variant: false,
             special: None,
@@ -406,7 +456,7 @@ impl<'a, 's> ser::Serializer for Canon<'a, 's> {
             skip: self.skip,
             members: match special {
                 Some(_) => Members::default(),
-                None => Members::with_capacity(len),
+                None => Members::with_capacity(len, len * 16),
             },
             pending_key: None,
             close_variant: false,
@@ -424,7 +474,7 @@ impl<'a, 's> ser::Serializer for Canon<'a, 's> {
         Ok(Object {
             out: self.out,
             skip: &[],
-            members: Members::with_capacity(len),
+            members: Members::with_capacity(len, len * 16),
             pending_key: None,
             close_variant: true,
             special: None,
@@ -836,6 +886,18 @@ mod tests {
             let at = out.find(&format!("\"{name}\":")).expect(name);
             assert!(at >= last, "{name} out of order in {out}");
             last = at;
+        }
+    }
+
+    proptest::proptest! {
+        /// The byte shortcut orders names exactly as their UTF-16 code units do, over names
+        /// that share prefixes and mix ASCII, the BMP above the surrogates and astral planes.
+        #[test]
+        fn names_compare_as_their_utf16_code_units(
+            a in "[a\u{7f}\u{80}\u{7ff}\u{800}\u{e000}\u{ffff}\u{10000}\u{10ffff}]{0,4}",
+            b in "[a\u{7f}\u{80}\u{7ff}\u{800}\u{e000}\u{ffff}\u{10000}\u{10ffff}]{0,4}",
+        ) {
+            proptest::prop_assert_eq!(compare_utf16(&a, &b), a.encode_utf16().cmp(b.encode_utf16()));
         }
     }
 

@@ -75,7 +75,8 @@ impl<'s> ArgsFingerprint<'s> {
     pub fn new(skip: &'s [&'s [&'s str]]) -> Self {
         ArgsFingerprint {
             skip,
-            members: Members::with_capacity(4),
+            // Room for the values and then the object written behind them.
+            members: Members::with_capacity(4, 256),
             error: None,
         }
     }
@@ -98,14 +99,15 @@ impl<'s> ArgsFingerprint<'s> {
     /// the running scope's [`Idem::max_argument_bytes`](crate::Idem::max_argument_bytes) (outside
     /// a scope: [`DEFAULT_MAX_ARGUMENT_BYTES`](crate::DEFAULT_MAX_ARGUMENT_BYTES)) are refused.
     pub fn finish(self) -> Result<Fingerprint, CanonicalError> {
-        let limit = crate::Scope::current().map_or(crate::DEFAULT_MAX_ARGUMENT_BYTES, |s| {
-            s.idem().max_argument_bytes()
+        let limit = crate::Scope::with_current(|scope| {
+            scope.map_or(crate::DEFAULT_MAX_ARGUMENT_BYTES, |s| {
+                s.idem().max_argument_bytes()
+            })
         });
         if let Some(e) = self.error {
             return Err(e);
         }
-        let mut out = Vec::with_capacity(128);
-        self.members.write_to(&mut out)?;
+        let out = self.members.into_object()?;
         if out.len() > limit {
             return Err(CanonicalError::TooLarge {
                 size: out.len(),

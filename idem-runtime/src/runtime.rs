@@ -343,9 +343,16 @@ impl Scope {
 
     /// The scope of the running task, else the installed default, else `None`.
     pub fn current() -> Option<Scope> {
-        CURRENT
-            .try_with(Scope::clone)
-            .ok()
-            .or_else(|| INSTALLED.read().unwrap_or_else(|e| e.into_inner()).clone())
+        Scope::with_current(|scope| scope.cloned())
+    }
+
+    /// `f` of the [current](Scope::current) scope, lent rather than cloned.
+    pub(crate) fn with_current<R>(f: impl FnOnce(Option<&Scope>) -> R) -> R {
+        let mut f = Some(f);
+        if let Ok(out) = CURRENT.try_with(|scope| (f.take().expect("called once"))(Some(scope))) {
+            return out;
+        }
+        let installed = INSTALLED.read().unwrap_or_else(|e| e.into_inner());
+        (f.take().expect("called once"))(installed.as_ref())
     }
 }

@@ -31,9 +31,10 @@ use std::sync::Once;
 use std::time::Instant;
 
 use metrics::Unit;
-use tracing::Span;
+use tracing::{Instrument as _, Span};
 
 use crate::error::Error;
+use crate::key::IdempotencyKey;
 use crate::outcome::Outcome;
 
 /// Every keyed call, labelled by `tool` and `outcome`.
@@ -61,21 +62,38 @@ pub fn describe() {
     );
 }
 
-/// The span of one keyed call; `key` is the short hash.
-pub(crate) fn call_span(tool: &'static str, tenant: &str, key: &crate::key::KeyHash) -> Span {
-    tracing::info_span!(
+/// Runs `call`, one keyed call of `tool`, inside its span `idem.call` (lent to `call`, which
+/// records the fencing token on it), and reports how it ended ([`finish`]). When no subscriber
+/// wants the span, the call is not wrapped in it at all: entering and leaving a disabled span
+/// at every poll is work for nothing.
+pub(crate) async fn observe<T, E>(
+    tool: &'static str,
+    tenant: &str,
+    key: IdempotencyKey,
+    call: impl AsyncFnOnce(&Span) -> Result<Outcome<T>, Error<E>>,
+) -> Result<Outcome<T>, Error<E>> {
+    let span = tracing::info_span!(
         "idem.call",
         tool,
         tenant,
-        key = %key,
+        key = %key.short_hash(),
         token = tracing::field::Empty,
         outcome = tracing::field::Empty,
         duration_ms = tracing::field::Empty,
-    )
+    );
+    let started = Instant::now();
+    let running = call(&span);
+    let result = if span.is_disabled() {
+        running.await
+    } else {
+        running.instrument(span.clone()).await
+    };
+    finish(&span, tool, &result, started);
+    result
 }
 
 /// Records how the call ended on its span and in the counters.
-pub(crate) fn finish<T, E>(
+fn finish<T, E>(
     span: &Span,
     tool: &'static str,
     result: &Result<Outcome<T>, Error<E>>,
@@ -98,8 +116,10 @@ pub(crate) fn finish<T, E>(
         Err(_) => ("refused", false),
     };
     let elapsed = started.elapsed();
-    span.record("outcome", outcome);
-    span.record("duration_ms", elapsed.as_secs_f64() * 1e3);
+    if !span.is_disabled() {
+        span.record("outcome", outcome);
+        span.record("duration_ms", elapsed.as_secs_f64() * 1e3);
+    }
     metrics::counter!(CALLS, "tool" => tool, "outcome" => outcome).increment(1);
     metrics::histogram!(CALL_DURATION, "tool" => tool, "outcome" => outcome)
         .record(elapsed.as_secs_f64());

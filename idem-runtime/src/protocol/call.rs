@@ -6,7 +6,6 @@ use std::future::Future;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::Instrument as _;
 
 use super::policy::ErrorHandling;
 use super::record::{encode_value, too_large_marker, too_large_record};
@@ -178,10 +177,8 @@ where
         }
     };
     crate::current::note_call(name, key);
-    let span = crate::telemetry::call_span(name, scope.tenant(), &key.short_hash());
-    let started = std::time::Instant::now();
-    let idem = scope.idem();
-    let result = async {
+    let (scope, idem) = (&scope, scope.idem());
+    crate::telemetry::observe(name, scope.tenant(), key, async move |span| {
         let orphans = if C::RECONCILES {
             Orphans::Reconcile
         } else {
@@ -206,7 +203,7 @@ where
             }
             Claiming::Unknown => return Ok(Outcome::Unknown(Unknown::new(name, hash))),
         };
-        tracing::Span::current().record("token", claimed.token().get());
+        span.record("token", claimed.token().get());
         // An orphan or an unknown record: an earlier owner may have had the effect. The state
         // check, if the tool has one, says which before anything runs again.
         if C::RECONCILES && claimed.takeover() {
@@ -235,11 +232,8 @@ where
         let body = crate::current::run_as(name, key, claimed.lease_state().clone(), body(args));
         let result = claimed.hold(body).await;
         settle::<T, E, H>(name, key, claimed, result, idem.max_result_bytes()).await
-    }
-    .instrument(span.clone())
-    .await;
-    crate::telemetry::finish(&span, name, &result, started);
-    result
+    })
+    .await
 }
 
 /// A completed record, read back: the stored value, or the stored error of the tool.

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::Instrument as _;
 
 use super::call::{KeyParts, Prepared, prepare, replay};
 use super::policy::ErrorHandling;
@@ -230,10 +229,8 @@ where
         }
     };
     crate::current::note_call(name, key);
-    let span = crate::telemetry::call_span(name, scope.tenant(), &key.short_hash());
-    let started = std::time::Instant::now();
-    let idem = scope.idem();
-    let result = async {
+    let (scope, idem) = (&scope, scope.idem());
+    crate::telemetry::observe(name, scope.tenant(), key, async move |_| {
         let store = postgres(idem, name)?;
         let wait = tool.effective_wait();
         let now = idem.clock().now();
@@ -254,11 +251,8 @@ where
         let transaction = D::transact(store, Some(request), wait, E::MAY_STORE, body, settle);
         let ran = crate::current::run_as(name, key, Arc::default(), transaction).await?;
         answer::<T, E, H>(name, key, now, request.lease, ran)
-    }
-    .instrument(span.clone())
-    .await;
-    crate::telemetry::finish(&span, name, &result, started);
-    result
+    })
+    .await
 }
 
 /// The outcome of a transactional call, from how its transaction ended.

@@ -5,7 +5,8 @@
 //! mismatch) found once can be answered again from memory, without a store round trip, until the
 //! record expires. Two bounds keep that honest: entries are dropped after [`MAX_AGE`] anyway (so
 //! an operator who deletes a record by hand is seen within seconds), and only results up to
-//! [`MAX_RESULT`] bytes are kept.
+//! [`MAX_RESULT`] bytes are kept. Both are judged by the claim's own `now` (the clock the record's
+//! expiry is judged by), so that a hit reads no clock of its own.
 //!
 //! The cache is weighed in bytes (`replay_cache=N` KiB) and evicts by S3-FIFO (quick_cache): a
 //! record seen once enters a small probationary queue and leaves it unless it is asked for again,
@@ -13,12 +14,12 @@
 //! again and again.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use quick_cache::Weighter;
 use quick_cache::sync::Cache;
 
-use super::{Claim, UnixMillis};
+use super::{Claim, ClaimRequest, UnixMillis, after};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 
@@ -43,8 +44,8 @@ struct Entry {
     tenant: Box<str>,
     fingerprint: Fingerprint,
     result: Box<[u8]>,
-    expires_at: UnixMillis,
-    cached_at: Instant,
+    /// The record's expiry, or [`MAX_AGE`] after the entry was cached if that comes first.
+    trusted_until: UnixMillis,
 }
 
 /// An entry weighs its bytes.
@@ -73,24 +74,18 @@ impl ReplayCache {
         }
     }
 
-    /// The answer for a claim, if a live completed record of this tenant + key is cached.
-    pub(crate) fn get(
-        &self,
-        tenant: &str,
-        key: &IdempotencyKey,
-        fingerprint: Fingerprint,
-        now: UnixMillis,
-    ) -> Option<Claim> {
+    /// The answer for `req`, if a live completed record of its tenant + key is cached.
+    pub(crate) fn get(&self, req: &ClaimRequest<'_>) -> Option<Claim> {
         let entries = self.entries.as_ref()?;
-        let entry = entries.get(key)?;
-        if entry.expires_at <= now || entry.cached_at.elapsed() >= MAX_AGE {
-            entries.remove(key);
+        let entry = entries.get(&req.key)?;
+        if entry.trusted_until <= req.now {
+            entries.remove(&req.key);
             return None;
         }
-        if &*entry.tenant != tenant {
+        if &*entry.tenant != req.tenant {
             return None;
         }
-        Some(if entry.fingerprint == fingerprint {
+        Some(if entry.fingerprint == req.fingerprint {
             Claim::Completed {
                 result: entry.result.to_vec(),
             }
@@ -99,15 +94,9 @@ impl ReplayCache {
         })
     }
 
-    /// Remembers a completed record.
-    pub(crate) fn put(
-        &self,
-        tenant: &str,
-        key: IdempotencyKey,
-        fingerprint: Fingerprint,
-        result: &[u8],
-        expires_at: UnixMillis,
-    ) {
+    /// Remembers the completed record that answered `req` (a replay: its fingerprint is the
+    /// request's) with `result`, until `expires_at`.
+    pub(crate) fn put(&self, req: &ClaimRequest<'_>, result: &[u8], expires_at: UnixMillis) {
         let Some(entries) = &self.entries else {
             return;
         };
@@ -115,13 +104,12 @@ impl ReplayCache {
             return;
         }
         let entry = Entry {
-            tenant: tenant.into(),
-            fingerprint,
+            tenant: req.tenant.into(),
+            fingerprint: req.fingerprint,
             result: result.into(),
-            expires_at,
-            cached_at: Instant::now(),
+            trusted_until: expires_at.min(after(req.now, MAX_AGE)),
         };
-        entries.insert(key, Arc::new(entry));
+        entries.insert(req.key, Arc::new(entry));
     }
 }
 
@@ -129,53 +117,89 @@ impl ReplayCache {
 mod tests {
     use super::*;
     use crate::key::derive_key;
+    use crate::store::Orphans;
 
     fn key(n: u8) -> IdempotencyKey {
         IdempotencyKey::from_bytes([n; 32])
     }
 
+    /// A claim of `key` in `tenant` with fingerprint `fp`, made at `now`.
+    fn req(tenant: &str, key: IdempotencyKey, fp: u8, now: UnixMillis) -> ClaimRequest<'_> {
+        ClaimRequest {
+            tenant,
+            key,
+            tool: "tool",
+            fingerprint: Fingerprint::from_bytes([fp; 32]),
+            now,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(60),
+            orphans: Orphans::TakeOver,
+        }
+    }
+
     #[test]
     fn answers_replays_and_mismatches_only_while_live() {
         let cache = ReplayCache::new(2);
-        let fp = Fingerprint::from_bytes([1; 32]);
-        cache.put("t", key(1), fp, b"r", 100);
+        cache.put(&req("t", key(1), 1, 0), b"r", 100);
         assert_eq!(
-            cache.get("t", &key(1), fp, 99),
+            cache.get(&req("t", key(1), 1, 99)),
             Some(Claim::Completed {
                 result: b"r".to_vec()
             })
         );
+        assert_eq!(cache.get(&req("t", key(1), 2, 99)), Some(Claim::Mismatch));
         assert_eq!(
-            cache.get("t", &key(1), Fingerprint::from_bytes([2; 32]), 99),
-            Some(Claim::Mismatch)
-        );
-        assert_eq!(cache.get("t", &key(1), fp, 100), None, "expired");
-        assert_eq!(
-            cache.get("other", &key(1), fp, 99),
+            cache.get(&req("other", key(1), 1, 99)),
             None,
             "another tenant's record"
         );
+        assert_eq!(cache.get(&req("t", key(1), 1, 100)), None, "expired");
+        assert_eq!(
+            cache.get(&req("t", key(1), 1, 99)),
+            None,
+            "an expired entry is gone"
+        );
+    }
+
+    /// A record that lives a day is trusted for [`MAX_AGE`] after it was cached, by the clock
+    /// of the claims that ask, then read from the store again.
+    #[test]
+    fn trusts_an_entry_for_max_age_at_most() {
+        let cache = ReplayCache::new(2);
+        let day = 86_400_000;
+        let cached_at = 1_000;
+        cache.put(&req("t", key(1), 1, cached_at), b"r", day);
+        let max_age = u64::try_from(MAX_AGE.as_millis()).unwrap();
+        assert!(
+            cache
+                .get(&req("t", key(1), 1, cached_at + max_age - 1))
+                .is_some()
+        );
+        assert_eq!(cache.get(&req("t", key(1), 1, cached_at + max_age)), None);
     }
 
     #[test]
     fn is_bounded_in_bytes() {
         let cache = ReplayCache::new(1);
-        let fp = Fingerprint::from_bytes([1; 32]);
         for n in 0..100 {
-            cache.put("t", key(n), fp, &[0; 100], 100);
+            cache.put(&req("t", key(n), 1, 0), &[0; 100], 100);
         }
         let kept = (0..100)
-            .filter(|n| cache.get("t", &key(*n), fp, 1).is_some())
+            .filter(|n| cache.get(&req("t", key(*n), 1, 1)).is_some())
             .count();
         assert!(
             kept > 0 && kept * (ENTRY_OVERHEAD + 101) <= 1024,
             "{kept} entries kept"
         );
-        cache.put("t", key(200), fp, &vec![0; MAX_RESULT + 1], 100);
-        assert_eq!(cache.get("t", &key(200), fp, 1), None, "too large to keep");
+        cache.put(&req("t", key(200), 1, 0), &vec![0; MAX_RESULT + 1], 100);
+        assert_eq!(
+            cache.get(&req("t", key(200), 1, 1)),
+            None,
+            "too large to keep"
+        );
         let off = ReplayCache::new(0);
-        off.put("t", derive_key("t", "x", &[]), fp, b"r", 100);
-        assert_eq!(off.get("t", &derive_key("t", "x", &[]), fp, 1), None);
+        off.put(&req("t", derive_key("t", "x", &[]), 1, 0), b"r", 100);
+        assert_eq!(off.get(&req("t", derive_key("t", "x", &[]), 1, 1)), None);
     }
 
     /// A working set twice the cache, cycled through over and over (an agent fleet replaying
@@ -184,33 +208,32 @@ mod tests {
     #[test]
     fn a_scan_larger_than_the_cache_does_not_flush_what_is_asked_for_again() {
         let cache = ReplayCache::new(64);
-        let fp = Fingerprint::from_bytes([1; 32]);
         let hot: Vec<_> = (0..20u8)
             .map(|n| IdempotencyKey::from_bytes([n; 32]))
             .collect();
         for k in &hot {
-            cache.put("t", *k, fp, &[0; 100], 100);
-            assert!(cache.get("t", k, fp, 1).is_some());
+            cache.put(&req("t", *k, 1, 0), &[0; 100], 100);
+            assert!(cache.get(&req("t", *k, 1, 1)).is_some());
         }
         for round in 0..5u32 {
             for n in 0..2000u32 {
                 let mut bytes = [0xAB; 32];
                 bytes[..4].copy_from_slice(&n.to_le_bytes());
                 bytes[4..8].copy_from_slice(&round.to_le_bytes());
-                let scanned = IdempotencyKey::from_bytes(bytes);
-                if cache.get("t", &scanned, fp, 1).is_none() {
-                    cache.put("t", scanned, fp, &[0; 100], 100);
+                let scanned = req("t", IdempotencyKey::from_bytes(bytes), 1, 1);
+                if cache.get(&scanned).is_none() {
+                    cache.put(&scanned, &[0; 100], 100);
                 }
                 if n % 50 == 0 {
                     for k in &hot {
-                        let _ = cache.get("t", k, fp, 1);
+                        let _ = cache.get(&req("t", *k, 1, 1));
                     }
                 }
             }
         }
         let kept = hot
             .iter()
-            .filter(|k| cache.get("t", k, fp, 1).is_some())
+            .filter(|k| cache.get(&req("t", **k, 1, 1)).is_some())
             .count();
         assert!(kept >= 18, "{kept} of 20 hot records kept through the scan");
     }

@@ -252,13 +252,7 @@ pub(super) fn decide_claim(
         3 => {
             let result = row.result.unwrap_or_default();
             let expires_at = row.expires_at.ok_or_else(missing)?;
-            replays.put(
-                req.tenant,
-                req.key,
-                req.fingerprint,
-                &result,
-                expires_at.max(0) as u64,
-            );
+            replays.put(&req, &result, expires_at.max(0) as u64);
             Claim::Completed { result }
         }
         4 => {

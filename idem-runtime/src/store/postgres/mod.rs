@@ -441,7 +441,7 @@ impl Store for PostgresStore {
         Box::pin(async move {
             const OP: &str = "claim";
             let replays = &self.inner.replays;
-            if let Some(answer) = replays.get(req.tenant, &req.key, req.fingerprint, req.now) {
+            if let Some(answer) = replays.get(&req) {
                 return Ok(answer);
             }
             let token = FencingToken::generate();

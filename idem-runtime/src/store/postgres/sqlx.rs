@@ -85,10 +85,7 @@ impl PostgresStore {
     {
         const OP: &str = "transactional call";
         if let Some(req) = &req
-            && let Some(answer) =
-                self.inner
-                    .replays
-                    .get(req.tenant, &req.key, req.fingerprint, req.now)
+            && let Some(answer) = self.inner.replays.get(req)
         {
             return Ok(Transacted::Answered(answer));
         }
@@ -227,13 +224,9 @@ impl PostgresStore {
             return Ok(Transacted::NotCommitted(answer, e));
         }
         if status == RecordStatus::Completed {
-            self.inner.replays.put(
-                req.tenant,
-                req.key,
-                req.fingerprint,
-                &bytes,
-                expires_at.max(0) as u64,
-            );
+            self.inner
+                .replays
+                .put(&req, &bytes, expires_at.max(0) as u64);
         }
         Ok(Transacted::Settled(answer))
     }

@@ -155,10 +155,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let claim: Result<Claim, StoreError> = async {
                 const OP: &str = "claim";
-                if let Some(answer) =
-                    self.replays
-                        .get(req.tenant, &req.key, req.fingerprint, req.now)
-                {
+                if let Some(answer) = self.replays.get(&req) {
                     return Ok(answer);
                 }
                 if req.tool.len() > 9999 {
@@ -211,13 +208,7 @@ impl Store for RedisStore {
                     let expires_at = found.expires_at;
                     if let Some(answer) = decide_without_writing(found, &req, token) {
                         if let Claim::Completed { result } = &answer {
-                            self.replays.put(
-                                req.tenant,
-                                req.key,
-                                req.fingerprint,
-                                result,
-                                expires_at,
-                            );
+                            self.replays.put(&req, result, expires_at);
                         }
                         return Ok(answer);
                     }
@@ -259,8 +250,7 @@ impl Store for RedisStore {
                             _ => Vec::new(),
                         };
                         let expires_at = int(OP, expires_at)?.max(0) as u64;
-                        self.replays
-                            .put(req.tenant, req.key, req.fingerprint, &result, expires_at);
+                        self.replays.put(&req, &result, expires_at);
                         Claim::Completed { result }
                     }
                     (4, Some(lease), _) => Claim::InFlight {

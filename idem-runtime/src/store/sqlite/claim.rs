@@ -77,7 +77,6 @@ pub(super) enum Reply {
     /// A replay decided on the write path, with what the replay cache needs.
     Replay {
         result: Vec<u8>,
-        fingerprint: Fingerprint,
         expires_at: UnixMillis,
     },
     Fenced(Fenced),
@@ -168,7 +167,6 @@ pub(super) fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, Sto
                     let (held, result) = held.expect("a replay has a record");
                     return Ok(Reply::Replay {
                         result: result.unwrap_or_default(),
-                        fingerprint: held.fingerprint,
                         expires_at: held.expires_at,
                     });
                 }

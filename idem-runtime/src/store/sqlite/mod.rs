@@ -196,7 +196,7 @@ impl Store for SqliteStore {
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             let replays = &self.shared.replays;
-            if let Some(answer) = replays.get(req.tenant, &req.key, req.fingerprint, req.now) {
+            if let Some(answer) = replays.get(&req) {
                 return Ok(answer);
             }
             // A committed snapshot answers every claim that cannot write, without queueing
@@ -206,8 +206,7 @@ impl Store for SqliteStore {
                 match decide(Some(held), req.fingerprint, req.now, req.orphans) {
                     Decision::Replay => {
                         let result = result.unwrap_or_default();
-                        let (tenant, key) = (req.tenant, req.key);
-                        replays.put(tenant, key, held.fingerprint, &result, held.expires_at);
+                        replays.put(&req, &result, held.expires_at);
                         return Ok(Claim::Completed { result });
                     }
                     Decision::Mismatch => return Ok(Claim::Mismatch),
@@ -230,12 +229,8 @@ impl Store for SqliteStore {
             };
             match self.write(op).await? {
                 Reply::Claim(claim) => Ok(claim),
-                Reply::Replay {
-                    result,
-                    fingerprint,
-                    expires_at,
-                } => {
-                    replays.put(req.tenant, req.key, fingerprint, &result, expires_at);
+                Reply::Replay { result, expires_at } => {
+                    replays.put(&req, &result, expires_at);
                     Ok(Claim::Completed { result })
                 }
                 _ => Err(unexpected()),
