@@ -138,7 +138,7 @@ pub(super) fn read_held(
     Ok(Some((held, result)))
 }
 
-pub(super) fn apply(tx: &rusqlite::Transaction<'_>, op: Op) -> Result<Reply, StoreError> {
+pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
     match op {
         Op::Claim {
             tenant,
