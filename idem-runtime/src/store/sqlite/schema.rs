@@ -218,24 +218,31 @@ mod tests {
         assert_eq!(v, 99, "the file is left as it was");
     }
 
-    #[tokio::test]
-    async fn a_version_1_file_is_upgraded_with_its_records() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("v1.db");
-        let conn = Connection::open(&path).unwrap();
-        conn.execute_batch(
+    /// A file as an older version wrote it: the status check as an `IN` list of `statuses`,
+    /// with the `extra` columns, no records.
+    fn old_file(path: &std::path::Path, version: u32, statuses: &str, extra: &str) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        conn.execute_batch(&format!(
             "CREATE TABLE idem_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
              CREATE TABLE idem_records (
                  tenant TEXT NOT NULL, key BLOB NOT NULL, tool TEXT NOT NULL,
                  fingerprint BLOB NOT NULL,
-                 status TEXT NOT NULL CHECK (status IN ('in_flight', 'completed')),
+                 status TEXT NOT NULL CHECK (status IN ({statuses})),
                  token INTEGER NOT NULL, lease_expires_at INTEGER NOT NULL,
-                 created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, result BLOB,
+                 created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, result BLOB, {extra}
                  PRIMARY KEY (tenant, key)) WITHOUT ROWID;
              CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
-             INSERT INTO idem_meta VALUES ('schema_version', 1);",
-        )
+             INSERT INTO idem_meta VALUES ('schema_version', {version});"
+        ))
         .unwrap();
+        conn
+    }
+
+    #[tokio::test]
+    async fn a_version_1_file_is_upgraded_with_its_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.db");
+        let conn = old_file(&path, 1, "'in_flight', 'completed'", "");
         let key = crate::key::derive_key("t", "tool", &[crate::key::KeyPart::new(&1).unwrap()]);
         conn.execute(
             "INSERT INTO idem_records VALUES ('t', ?1, 'tool', ?2, 'completed', 5, 0, 1, ?3, ?4)",
@@ -269,20 +276,12 @@ mod tests {
     async fn a_version_2_file_is_upgraded_with_its_records_and_notes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v2.db");
-        let conn = Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE idem_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
-             CREATE TABLE idem_records (
-                 tenant TEXT NOT NULL, key BLOB NOT NULL, tool TEXT NOT NULL,
-                 fingerprint BLOB NOT NULL,
-                 status TEXT NOT NULL CHECK (status IN ('in_flight', 'completed', 'unknown')),
-                 token INTEGER NOT NULL, lease_expires_at INTEGER NOT NULL,
-                 created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, result BLOB,
-                 note TEXT, PRIMARY KEY (tenant, key)) WITHOUT ROWID;
-             CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
-             INSERT INTO idem_meta VALUES ('schema_version', 2);",
-        )
-        .unwrap();
+        let conn = old_file(
+            &path,
+            2,
+            "'in_flight', 'completed', 'unknown'",
+            "note TEXT,",
+        );
         let key = crate::key::derive_key("t", "tool", &[crate::key::KeyPart::new(&2).unwrap()]);
         conn.execute(
             "INSERT INTO idem_records VALUES ('t', ?1, 'tool', ?2, 'completed', 5, 0, 1, ?3, ?4, \
