@@ -102,8 +102,13 @@ pub(crate) struct Members {
 }
 
 impl Members {
-    /// Room for `n` members whose values take `bytes`.
-    pub(crate) fn with_capacity(n: usize, bytes: usize) -> Self {
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Members::with_room(n, n * 16)
+    }
+
+    /// Room for `n` members whose values (and, for [`into_object`](Members::into_object), the
+    /// object written behind them) take `bytes`.
+    pub(crate) fn with_room(n: usize, bytes: usize) -> Self {
         Members {
             values: Vec::with_capacity(bytes),
             entries: Vec::with_capacity(n),
@@ -439,7 +444,7 @@ impl<'a, 's> ser::Serializer for Canon<'a, 's> {
         Ok(Object {
             out: self.out,
             skip: self.skip,
-            members: Members::with_capacity(len.unwrap_or(0), len.unwrap_or(0) * 16),
+            members: Members::with_capacity(len.unwrap_or(0)),
             pending_key: None,
             close_variant: false,
             special: None,
@@ -456,7 +461,7 @@ impl<'a, 's> ser::Serializer for Canon<'a, 's> {
             skip: self.skip,
             members: match special {
                 Some(_) => Members::default(),
-                None => Members::with_capacity(len, len * 16),
+                None => Members::with_capacity(len),
             },
             pending_key: None,
             close_variant: false,
@@ -474,7 +479,7 @@ impl<'a, 's> ser::Serializer for Canon<'a, 's> {
         Ok(Object {
             out: self.out,
             skip: &[],
-            members: Members::with_capacity(len, len * 16),
+            members: Members::with_capacity(len),
             pending_key: None,
             close_variant: true,
             special: None,

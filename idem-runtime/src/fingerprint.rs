@@ -75,8 +75,7 @@ impl<'s> ArgsFingerprint<'s> {
     pub fn new(skip: &'s [&'s [&'s str]]) -> Self {
         ArgsFingerprint {
             skip,
-            // Room for the values and then the object written behind them.
-            members: Members::with_capacity(4, 256),
+            members: Members::with_room(4, 256),
             error: None,
         }
     }

@@ -211,23 +211,21 @@ impl Drop for LeaderGuard<'_> {
 
 /// The write transaction of one batch. `BEGIN IMMEDIATE` and `COMMIT` come from the
 /// connection's statement cache (rusqlite's `Transaction` parses them again at every batch: 6 %
-/// of a lone fresh call's instructions); dropped uncommitted, it rolls back.
+/// of a lone fresh call's instructions); dropped while the transaction is still open (not
+/// committed, or its commit failed), it rolls back.
 struct WriteTransaction<'c> {
     conn: &'c Connection,
-    open: bool,
 }
 
 impl<'c> WriteTransaction<'c> {
     /// Takes the write lock.
     fn begin(conn: &'c Connection) -> rusqlite::Result<Self> {
         conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        Ok(WriteTransaction { conn, open: true })
+        Ok(WriteTransaction { conn })
     }
 
-    fn commit(mut self) -> rusqlite::Result<()> {
-        self.conn.prepare_cached("COMMIT")?.execute([])?;
-        self.open = false;
-        Ok(())
+    fn commit(self) -> rusqlite::Result<()> {
+        self.conn.prepare_cached("COMMIT")?.execute([]).map(drop)
     }
 }
 
@@ -241,7 +239,7 @@ impl std::ops::Deref for WriteTransaction<'_> {
 
 impl Drop for WriteTransaction<'_> {
     fn drop(&mut self) {
-        if self.open && !self.conn.is_autocommit() {
+        if !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
     }
