@@ -178,7 +178,7 @@ where
     };
     crate::current::note_call(name, key);
     let (scope, idem) = (&scope, scope.idem());
-    crate::telemetry::observe(name, scope.tenant(), key, async move |span| {
+    crate::telemetry::observe(tool, scope.tenant(), key, async move |span| {
         let orphans = if C::RECONCILES {
             Orphans::Reconcile
         } else {

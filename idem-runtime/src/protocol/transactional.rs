@@ -230,7 +230,7 @@ where
     };
     crate::current::note_call(name, key);
     let (scope, idem) = (&scope, scope.idem());
-    crate::telemetry::observe(name, scope.tenant(), key, async move |_| {
+    crate::telemetry::observe(tool, scope.tenant(), key, async move |_| {
         let store = postgres(idem, name)?;
         let wait = tool.effective_wait();
         let now = idem.clock().now();

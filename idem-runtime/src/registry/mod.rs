@@ -14,6 +14,7 @@
 mod audit;
 mod report;
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -24,6 +25,7 @@ pub use report::{REPORT_ENV, Report, report};
 
 use crate::runtime::Idem;
 use crate::store::Orphans;
+use crate::telemetry::ToolMetrics;
 
 /// Which of the three forms of idempotency a tool uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -134,6 +136,9 @@ pub struct ToolInfo {
     /// commit before it answers in flight (`wait = "…"`; else [`DEFAULT_WAIT`]).
     #[serde(serialize_with = "ser_opt_duration")]
     pub wait: Option<Duration>,
+    /// The tool's metric keys, built at its first keyed call.
+    #[serde(skip)]
+    metrics: OnceLock<ToolMetrics>,
 }
 
 /// How long a call of a transactional tool waits, by default, for a concurrent call of the same
@@ -174,6 +179,7 @@ impl ToolInfo {
             check: None,
             transactional: false,
             wait: None,
+            metrics: OnceLock::new(),
         }
     }
 
@@ -263,6 +269,11 @@ impl ToolInfo {
     /// The TTL in force under `idem`.
     pub fn effective_ttl(&self, idem: &Idem) -> Duration {
         self.ttl.unwrap_or(idem.default_ttl())
+    }
+
+    /// The tool's metric keys, built at its first call.
+    pub(crate) fn metrics(&self) -> &ToolMetrics {
+        self.metrics.get_or_init(|| ToolMetrics::new(self.name))
     }
 
     /// How long a transactional call waits for a concurrent one of the same key.
