@@ -33,6 +33,30 @@ impl Results {
     fn per_second(&self, group: &str, bench: &str) -> Option<f64> {
         self.median(group, bench).map(|ns| 1e9 / ns)
     }
+
+    /// The ratios the SQLite bench timed in alternation (`alternating.json`), in its order.
+    fn alternated(&self) -> Option<Vec<(String, Spread)>> {
+        let text = std::fs::read(self.dir.join("alternating.json")).ok()?;
+        let json: serde_json::Value = serde_json::from_slice(&text).ok()?;
+        let spread = |v: &serde_json::Value| {
+            Some(Spread {
+                median: v["median"].as_f64()?,
+                low_quartile: v["low_quartile"].as_f64()?,
+                high_quartile: v["high_quartile"].as_f64()?,
+            })
+        };
+        json.as_array()?
+            .iter()
+            .map(|v| Some((v["name"].as_str()?.to_owned(), spread(v)?)))
+            .collect()
+    }
+}
+
+/// One ratio timed in alternation: the median over the rounds, and the quartiles.
+struct Spread {
+    median: f64,
+    low_quartile: f64,
+    high_quartile: f64,
 }
 
 /// A backend's groups and benches in the criterion output.
@@ -55,7 +79,7 @@ const BACKENDS: [Backend; 3] = [
         concurrent: "fresh_concurrent",
         raw_replay: "raw_select",
         raw_fresh: "raw_insert_update",
-        raw_replay_label: "SELECT + deserialize",
+        raw_replay_label: "SELECT + fingerprint check + deserialize",
         raw_fresh_label: "INSERT + UPDATE, same durability",
     },
     Backend {
@@ -65,7 +89,7 @@ const BACKENDS: [Backend; 3] = [
         concurrent: "postgres_fresh_concurrent",
         raw_replay: "raw_lookup",
         raw_fresh: "raw_two_writes",
-        raw_replay_label: "SELECT + deserialize",
+        raw_replay_label: "SELECT + fingerprint check + deserialize",
         raw_fresh_label: "INSERT … ON CONFLICT, then UPDATE",
     },
     Backend {
@@ -75,7 +99,7 @@ const BACKENDS: [Backend; 3] = [
         concurrent: "redis_fresh_concurrent",
         raw_replay: "raw_lookup",
         raw_fresh: "raw_two_writes",
-        raw_replay_label: "GET + deserialize",
+        raw_replay_label: "GET + fingerprint check + deserialize",
         raw_fresh_label: "SET NX PX, then SET",
     },
 ];
@@ -194,7 +218,7 @@ fn markdown(results: &Results) -> String {
         out.push_str(
             "SQLite, replays cycling over the intents just completed (an agent fleet retrying its \
              recent steps), with a 100 KiB replay cache (about 360 of these records) and with \
-             none, next to the raw SELECT + deserialize over the same cycle.\n\n",
+             none, next to the raw SELECT + fingerprint check + deserialize over the same cycle.\n\n",
         );
         out.push_str(
             "| intents | idem, cache on | idem, cache off | raw SELECT | on vs raw | off vs raw | on vs off |\n\
@@ -212,6 +236,27 @@ fn markdown(results: &Results) -> String {
                 ratio(on, raw),
                 ratio(off, raw),
                 ratio(on, off),
+            ));
+        }
+    }
+    if let Some(alternated) = results.alternated() {
+        out.push_str("\n## Replay ratios timed in alternation\n\n");
+        out.push_str(
+            "The SQLite replay ratios above again, measured so that the machine's drift stays out \
+             of them: 201 rounds, each timing 400 calls of idem and 400 of its baseline one \
+             after the other (which side goes first alternates), each round giving one ratio of \
+             the two rates. Two criterion benches run seconds apart, and this machine's speed \
+             varies by a quarter from one minute to the next; the two halves of a round run \
+             milliseconds apart.\n\n",
+        );
+        out.push_str(
+            "| comparison | median ratio | quartiles |\n\
+             |---|---|---|\n",
+        );
+        for (name, spread) in alternated {
+            out.push_str(&format!(
+                "| {name} | {:.2}× | {:.2}–{:.2}× |\n",
+                spread.median, spread.low_quartile, spread.high_quartile
             ));
         }
     }

@@ -3,7 +3,8 @@
 //! For each of Postgres (`IDEM_TEST_POSTGRES_URL`) and Redis (`IDEM_TEST_REDIS_URL`):
 //!
 //! - `replay`: a retried call, with and without the in-process replay cache, vs one raw lookup
-//!   + deserialize (Postgres: a prepared point SELECT; Redis: GET);
+//!   (Postgres: a prepared point SELECT; Redis: GET), the check of the arguments' fingerprint it
+//!   returns, deserialize;
 //! - `fresh`: a new intent (claim, body, completion), vs the raw two writes a hand-written
 //!   idempotency store needs (Postgres: INSERT … ON CONFLICT DO NOTHING, then UPDATE; Redis:
 //!   SET NX PX, then SET PX);
@@ -27,7 +28,8 @@ use idem::{Idem, idempotent};
 
 mod support;
 use support::{
-    Payment, criterion_dir, median_ns, payment_json, ratio_row, raw_key, register_payment, runtime,
+    Payment, RawArgs, criterion_dir, median_ns, payment_json, ratio_row, raw_key, register_payment,
+    runtime,
 };
 
 /// A tenant of this run only, so reruns against the same server never meet old records.
@@ -148,7 +150,7 @@ impl RawPostgres {
                 &[
                     &tenant,
                     &&raw_key(&tenant, 7)[..],
-                    &&[0u8; 32][..],
+                    &&RawArgs::payment("run-1", 7).fingerprint()[..],
                     &payment_json(7),
                 ],
             )
@@ -161,7 +163,7 @@ impl RawPostgres {
                 async move { client.prepare(&sql).await.expect("prepare") }
             };
             let select = prepare(format!(
-                "SELECT result FROM {raw}.raw WHERE tenant = $1 AND key = $2"
+                "SELECT fingerprint, result FROM {raw}.raw WHERE tenant = $1 AND key = $2"
             ))
             .await;
             let insert = prepare(format!(
@@ -191,22 +193,24 @@ impl RawPostgres {
 impl Raw for RawPostgres {
     async fn lookup(&self) -> Payment {
         let c = &self.connections[0];
+        let args = RawArgs::payment("run-1", 7);
         let row = c
             .client
             .query_one(&c.select, &[&self.tenant, &&raw_key(&self.tenant, 7)[..]])
             .await
             .expect("select");
-        serde_json::from_slice(row.get::<_, &[u8]>(0)).expect("decode")
+        args.replay(row.get::<_, &[u8]>(0), row.get::<_, &[u8]>(1))
     }
 
     async fn two_writes(&self, n: u64) {
         let c = &self.connections[n as usize % self.connections.len()];
         let key = raw_key(&self.tenant, n + 1_000);
         let (token, expires) = (n as i64, 86_400_000 + n as i64);
+        let fingerprint = RawArgs::payment("run-1", n).fingerprint();
         c.client
             .execute(
                 &c.insert,
-                &[&self.tenant, &&key[..], &&[0u8; 32][..], &token, &expires],
+                &[&self.tenant, &&key[..], &&fingerprint[..], &token, &expires],
             )
             .await
             .expect("insert");
@@ -233,9 +237,12 @@ impl RawRedis {
             .await
             .expect("connect");
         let tenant = run_tenant();
+        // The fingerprint, then the result, in one value.
+        let mut value = RawArgs::payment("run-1", 7).fingerprint().to_vec();
+        value.extend(payment_json(7));
         let _: () = redis::cmd("SET")
             .arg(format!("idem-bench-raw:{tenant}:7"))
-            .arg(payment_json(7))
+            .arg(value)
             .arg("PX")
             .arg(3_600_000)
             .query_async(&mut conn)
@@ -247,20 +254,23 @@ impl RawRedis {
 
 impl Raw for RawRedis {
     async fn lookup(&self) -> Payment {
+        let args = RawArgs::payment("run-1", 7);
         let bytes: Vec<u8> = redis::cmd("GET")
             .arg(format!("idem-bench-raw:{}:7", self.tenant))
             .query_async(&mut self.conn.clone())
             .await
             .expect("get");
-        serde_json::from_slice(&bytes).expect("decode")
+        let (stored, result) = bytes.split_at(32);
+        args.replay(stored, result)
     }
 
     async fn two_writes(&self, n: u64) {
         let key = format!("idem-bench-raw:{}:{}", self.tenant, n + 1_000);
         let mut conn = self.conn.clone();
+        let fingerprint = RawArgs::payment("run-1", n).fingerprint();
         let claimed: Option<String> = redis::cmd("SET")
             .arg(&key)
-            .arg(&[0u8; 32][..])
+            .arg(&fingerprint[..])
             .arg("NX")
             .arg("PX")
             .arg(86_400_000)
@@ -268,9 +278,11 @@ impl Raw for RawRedis {
             .await
             .expect("set nx");
         assert!(claimed.is_some());
+        let mut value = fingerprint.to_vec();
+        value.extend(payment_json(n));
         let _: () = redis::cmd("SET")
             .arg(&key)
-            .arg(payment_json(n))
+            .arg(value)
             .arg("PX")
             .arg(86_400_000)
             .query_async(&mut conn)
@@ -486,7 +498,7 @@ fn summary(backend: &str, label: &str) {
     }
     println!("\nidem on {label}: calls/s (median), and the ratio to the baseline in this run");
     ratio_row(
-        "replay: idem vs raw lookup + deserialize",
+        "replay: idem vs raw lookup + check + deserialize",
         m("replay", "idem"),
         m("replay", "raw_lookup"),
         0.8,

@@ -1,15 +1,20 @@
 //! idem on the embedded SQLite store, next to hand-written rusqlite baselines in the same run.
 //!
-//! - `replay`: a retried call answered from the store, vs a prepared point SELECT + deserialize.
+//! - `replay`: a retried call answered from the store, vs what a hand-written store does at a
+//!   retry: a prepared point SELECT, the check of the arguments' fingerprint, deserialize.
 //! - `replay_working_set`: replays cycling over the intents an agent fleet just completed,
 //!   more than the replay cache holds (about 3× and 11× a 100 KiB cache), with the cache on and
-//!   off, vs the raw SELECT over the same cycle.
+//!   off, vs the raw SELECT + fingerprint check over the same cycle.
 //! - `fresh`: a new intent (claim, body, completion; two durable commits), vs a hand-written
-//!   INSERT `in_flight` + UPDATE `completed` with the same durability (WAL, synchronous=FULL).
+//!   INSERT `in_flight` (with the arguments' fingerprint) + UPDATE `completed` with the same
+//!   durability (WAL, synchronous=FULL).
 //! - `fresh_concurrent`: fresh calls/s with 1, 8 and 64 callers (group commit at work).
 //! - `renewal`: calls whose body waits once (so the lease renewal arms its timer), with renewal
 //!   on and off: fresh calls on SQLite, and calls whose error releases the key on the memory
 //!   store (nothing else to measure): what renewal costs a call shorter than its lease.
+//!
+//! - `alternating`: the replay ratios again, each side timed in alternation with the other
+//!   (see [`alternating`]), written to `alternating.json` beside criterion's output.
 //!
 //! `cargo bench --bench sqlite` prints the ratios at the end. All files live under the target
 //! directory, on the same disk.
@@ -17,14 +22,14 @@
 use std::path::{Path, PathBuf};
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use idem::Idem;
 use rusqlite::{Connection, params};
 use support::{
-    Payment, criterion_dir, median_ns, payment_json, ratio_row as row, raw_key, register_payment,
-    runtime,
+    Payment, RawArgs, criterion_dir, median_ns, payment_json, ratio_row as row, raw_key,
+    register_payment, runtime,
 };
 
 mod support;
@@ -52,7 +57,12 @@ fn raw_connection(path: &Path) -> Connection {
     conn
 }
 
-fn replay(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
+fn replay(
+    c: &mut Criterion,
+    dir: &Path,
+    rt: &tokio::runtime::Runtime,
+    alternated: &mut Vec<(&'static str, Spread)>,
+) {
     let mut group = c.benchmark_group("replay");
     group.throughput(Throughput::Elements(1));
 
@@ -91,24 +101,46 @@ fn replay(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
     });
 
     let conn = raw_connection(&dir.join("replay-raw.db"));
-    let key = [7u8; 32];
+    let key = raw_key("tenant-a", 7);
     conn.execute(
         "INSERT INTO raw VALUES ('tenant-a', ?1, ?2, 'completed', 1, 0, 0, 0, ?3)",
-        params![&key[..], &[0u8; 32][..], payment_json(7)],
+        params![
+            &key[..],
+            &RawArgs::payment("run-1", 7).fingerprint()[..],
+            payment_json(7)
+        ],
     )
     .expect("insert");
     group.bench_function("raw_select", |b| {
-        b.iter(|| {
-            let mut stmt = conn
-                .prepare_cached("SELECT result FROM raw WHERE tenant = ?1 AND key = ?2")
-                .expect("prepare");
-            let bytes: Vec<u8> = stmt
-                .query_row(params!["tenant-a", &key[..]], |r| r.get(0))
-                .expect("row");
-            serde_json::from_slice::<Payment>(&bytes).expect("decode")
-        })
+        b.iter(|| raw_replay(&conn, &RawArgs::payment("run-1", 7)))
     });
     group.finish();
+    if wanted("replay") {
+        let raw = || std::future::ready(raw_replay(&conn, &RawArgs::payment("run-1", 7)));
+        let cached = || tenant.run(call());
+        alternated.push(("replay", alternating(rt, cached, raw)));
+        let uncached = || uncached.run(call());
+        alternated.push(("replay, cache off", alternating(rt, uncached, raw)));
+    }
+}
+
+/// A hand-written store's retry: the row of the call's key, its fingerprint checked against the
+/// arguments', its result decoded.
+fn raw_replay(conn: &Connection, args: &RawArgs<'_>) -> Payment {
+    let mut stmt = conn
+        .prepare_cached("SELECT fingerprint, result FROM raw WHERE tenant = ?1 AND key = ?2")
+        .expect("prepare");
+    let key = raw_key("tenant-a", args.step_id);
+    let mut rows = stmt.query(params!["tenant-a", &key[..]]).expect("query");
+    let row = rows.next().expect("step").expect("a row");
+    let (stored, result) = (
+        row.get_ref(0).expect("fingerprint"),
+        row.get_ref(1).expect("result"),
+    );
+    args.replay(
+        stored.as_blob().expect("blob"),
+        result.as_blob().expect("blob"),
+    )
 }
 
 /// The replay cache the working-set group gives idem: about 360 records of this size.
@@ -116,7 +148,12 @@ const WORKING_SET_CACHE_KIB: usize = 100;
 /// Working sets about 3× and 11× that cache.
 const WORKING_SETS: [u64; 2] = [1_000, 4_000];
 
-fn replay_working_set(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
+fn replay_working_set(
+    c: &mut Criterion,
+    dir: &Path,
+    rt: &tokio::runtime::Runtime,
+    alternated: &mut Vec<(&'static str, Spread)>,
+) {
     let mut group = c.benchmark_group("replay_working_set");
     group.throughput(Throughput::Elements(1));
     let file = dir.join("working-set.db");
@@ -144,7 +181,11 @@ fn replay_working_set(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtim
     for n in 0..largest {
         conn.execute(
             "INSERT INTO raw VALUES ('tenant-a', ?1, ?2, 'completed', 1, 0, 0, 0, ?3)",
-            params![&raw_key("tenant-a", n)[..], &[0u8; 32][..], payment_json(n)],
+            params![
+                &raw_key("tenant-a", n)[..],
+                &RawArgs::payment("run-ws", n).fingerprint()[..],
+                payment_json(n)
+            ],
         )
         .expect("insert");
     }
@@ -165,19 +206,119 @@ fn replay_working_set(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtim
         group.bench_function(BenchmarkId::new("raw_select", size), |b| {
             b.iter(|| {
                 n = (n + 1) % size;
-                let mut stmt = conn
-                    .prepare_cached("SELECT result FROM raw WHERE tenant = ?1 AND key = ?2")
-                    .expect("prepare");
-                let bytes: Vec<u8> = stmt
-                    .query_row(params!["tenant-a", &raw_key("tenant-a", n)[..]], |r| {
-                        r.get(0)
-                    })
-                    .expect("row");
-                serde_json::from_slice::<Payment>(&bytes).expect("decode")
+                raw_replay(&conn, &RawArgs::payment("run-ws", n))
             })
         });
     }
     group.finish();
+    if !wanted("replay_working_set") {
+        return;
+    }
+    // Each side cycles over the working set on its own, as in the benches above.
+    let cycling = |scope: &'static str, size: u64| {
+        let next = std::cell::Cell::new(0);
+        let scope = if scope == "on" { &cached } else { &uncached };
+        move || {
+            next.set((next.get() + 1) % size);
+            scope.run(call(next.get()))
+        }
+    };
+    let raw = |size: u64| {
+        let mut n = 0;
+        let conn = &conn;
+        move || {
+            n = (n + 1) % size;
+            std::future::ready(raw_replay(conn, &RawArgs::payment("run-ws", n)))
+        }
+    };
+    for (size, on, off, on_off) in [
+        (
+            1_000,
+            "1000 intents, cache on",
+            "1000 intents, cache off",
+            None,
+        ),
+        (
+            4_000,
+            "4000 intents, cache on",
+            "4000 intents, cache off",
+            Some("4000 intents, cache on vs off"),
+        ),
+    ] {
+        alternated.push((on, alternating(rt, cycling("on", size), raw(size))));
+        alternated.push((off, alternating(rt, cycling("off", size), raw(size))));
+        if let Some(name) = on_off {
+            let spread = alternating(rt, cycling("on", size), cycling("off", size));
+            alternated.push((name, spread));
+        }
+    }
+}
+
+/// Rounds of an [`alternating`] measurement, and calls per side in each round.
+const ROUNDS: usize = 201;
+const BLOCK: usize = 400;
+
+/// The median of the ratios of an [`alternating`] measurement, and its quartiles.
+#[derive(Debug, Clone, Copy)]
+struct Spread {
+    median: f64,
+    low_quartile: f64,
+    high_quartile: f64,
+}
+
+/// `ours`'s rate over `theirs`'s, measured in alternation: [`ROUNDS`] rounds, each timing
+/// [`BLOCK`] calls of one side and then [`BLOCK`] of the other (which side goes first
+/// alternates), each round giving one ratio. Both halves of a round run within a few
+/// milliseconds of each other, so the machine's drift over a run (a quarter from one minute to
+/// the next on a shared VM) stays out of the ratio; between two criterion benches measured
+/// seconds apart, it does not.
+fn alternating<A, AF, B, BF>(rt: &tokio::runtime::Runtime, mut ours: A, mut theirs: B) -> Spread
+where
+    A: FnMut() -> AF,
+    AF: Future,
+    B: FnMut() -> BF,
+    BF: Future,
+{
+    async fn timed<F: FnMut() -> Fut, Fut: Future>(call: &mut F) -> Duration {
+        let start = Instant::now();
+        for _ in 0..BLOCK {
+            std::hint::black_box(call().await);
+        }
+        start.elapsed()
+    }
+    let mut ratios = rt.block_on(async {
+        // One round unmeasured, to warm both sides.
+        timed(&mut ours).await;
+        timed(&mut theirs).await;
+        let mut ratios = Vec::with_capacity(ROUNDS);
+        for round in 0..ROUNDS {
+            let (ours_took, theirs_took) = if round % 2 == 0 {
+                let o = timed(&mut ours).await;
+                (o, timed(&mut theirs).await)
+            } else {
+                let t = timed(&mut theirs).await;
+                (timed(&mut ours).await, t)
+            };
+            ratios.push(theirs_took.as_secs_f64() / ours_took.as_secs_f64());
+        }
+        ratios
+    });
+    ratios.sort_by(f64::total_cmp);
+    Spread {
+        median: ratios[ROUNDS / 2],
+        low_quartile: ratios[ROUNDS / 4],
+        high_quartile: ratios[ROUNDS * 3 / 4],
+    }
+}
+
+/// Whether the command line's filter (criterion's: a substring of the bench's name) lets the
+/// group `name` run; no filter lets every group run.
+fn wanted(name: &str) -> bool {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))
 }
 
 fn fresh(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
@@ -224,7 +365,7 @@ fn fresh(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
             .expect("prepare")
             .execute(params![
                 &key[..],
-                &[0u8; 32][..],
+                &RawArgs::payment("run-1", n).fingerprint()[..],
                 n as i64,
                 86_400_000 + n as i64
             ])
@@ -345,10 +486,10 @@ fn fresh_concurrent(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime)
 fn summary() {
     println!("\nidem on SQLite: calls/s (median), and the ratio to the baseline in this run");
     row(
-        "replay: idem vs raw SELECT + deserialize",
+        "replay: idem vs raw SELECT + check + deserialize",
         median_ns("replay", "idem"),
         median_ns("replay", "raw_select"),
-        0.8,
+        1.5,
     );
     row(
         "replay, cache off: idem vs raw SELECT",
@@ -425,11 +566,45 @@ fn main() {
     let mut c = Criterion::default()
         .output_directory(&criterion_dir())
         .configure_from_args();
-    replay(&mut c, &dir, &rt);
-    replay_working_set(&mut c, &dir, &rt);
+    let mut alternated = Vec::new();
+    replay(&mut c, &dir, &rt, &mut alternated);
+    replay_working_set(&mut c, &dir, &rt, &mut alternated);
     fresh(&mut c, &dir, &rt);
     fresh_concurrent(&mut c, &dir, &rt);
     renewal(&mut c, &dir, &rt);
     c.final_summary();
     summary();
+    if !alternated.is_empty() {
+        alternated_summary(&alternated);
+    }
+}
+
+/// Prints the alternating ratios and writes them to `alternating.json`, for bench-report.
+fn alternated_summary(alternated: &[(&'static str, Spread)]) {
+    println!(
+        "\nSQLite replays timed in alternation with their baseline ({ROUNDS} rounds of {BLOCK} calls a side): \
+         median ratio of rates, and quartiles"
+    );
+    for (name, s) in alternated {
+        println!(
+            "  {name:<48} {:.2} ({:.2}–{:.2})",
+            s.median, s.low_quartile, s.high_quartile
+        );
+    }
+    let json: Vec<serde_json::Value> = alternated
+        .iter()
+        .map(|(name, s)| {
+            serde_json::json!({
+                "name": name,
+                "median": s.median,
+                "low_quartile": s.low_quartile,
+                "high_quartile": s.high_quartile,
+            })
+        })
+        .collect();
+    std::fs::write(
+        criterion_dir().join("alternating.json"),
+        serde_json::to_vec_pretty(&json).expect("json"),
+    )
+    .expect("write alternating.json");
 }

@@ -31,12 +31,50 @@ pub async fn register_payment(
     })
 }
 
-/// The JSON a raw baseline stores for step `n`, the same value idem stores.
 /// A key as a hand-written store would make it: hashed, so rows land at random B-tree positions.
 pub fn raw_key(tenant: &str, n: u64) -> [u8; 32] {
     *idem::derive_key(tenant, "raw", &[idem::key::KeyPart::new(&n).expect("part")]).as_bytes()
 }
 
+/// The arguments of one `register_payment` call, as a hand-written store receives them.
+#[derive(Serialize)]
+pub struct RawArgs<'a> {
+    pub run_id: &'a str,
+    pub step_id: u64,
+    pub customer: &'a str,
+    pub amount_cents: u64,
+}
+
+impl<'a> RawArgs<'a> {
+    /// The benchmarks' call of step `n` in run `run_id`.
+    pub fn payment(run_id: &'a str, step_id: u64) -> Self {
+        RawArgs {
+            run_id,
+            step_id,
+            customer: "cus_42",
+            amount_cents: 500,
+        }
+    }
+
+    /// The fingerprint a hand-written store keeps beside a result and checks at a retry, so
+    /// that a retry with other arguments is refused, as idem refuses it: SHA-256 of their JSON.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(serde_json::to_vec(self).expect("json")).into()
+    }
+
+    /// The check of a retry against the stored fingerprint, then the stored result decoded: what
+    /// a hand-written store does with the row it read.
+    pub fn replay(&self, stored_fingerprint: &[u8], result: &[u8]) -> Payment {
+        assert!(
+            stored_fingerprint == self.fingerprint(),
+            "the raw baseline's retry carries other arguments"
+        );
+        serde_json::from_slice(result).expect("decode")
+    }
+}
+
+/// The JSON a raw baseline stores for step `n`, the same value idem stores.
 pub fn payment_json(n: u64) -> Vec<u8> {
     serde_json::to_vec(&Payment {
         payment_id: format!("pay_run-1_{n}"),
