@@ -5,9 +5,12 @@
 //! - `http/fresh`: through the layer with a new key each time (read the body, fingerprint it,
 //!   claim, run the handler in its own task, store the response).
 //! - `http/replay`: through the layer with a key already answered (the stored response).
+//! - the replay's time over the handler's again, timed in alternation ([`support::alternating`]),
+//!   written to `alternating-http.json` beside criterion's output.
 //!
 //! `cargo bench --bench http` prints the ratios at the end.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -19,7 +22,7 @@ use criterion::{Criterion, Throughput};
 use http_body_util::BodyExt;
 use idem::Idem;
 use idem::http::server::IdempotencyLayer;
-use support::{criterion_dir, median_ns, runtime};
+use support::{alternated_summary, alternating, criterion_dir, median_ns, runtime};
 use tower_service::Service;
 
 mod support;
@@ -116,6 +119,19 @@ fn bench(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
         })
     });
     group.finish();
+    // The replay's time over the bare handler's, timed in alternation: the plain handler's rate
+    // over the replay's. One call at a time, so a borrow held across its await meets no other.
+    let (plain, layered) = (RefCell::new(router), RefCell::new(layered));
+    #[allow(clippy::await_holding_refcell_ref)]
+    let bare = || async { call(&mut *plain.borrow_mut(), request(None)).await };
+    #[allow(clippy::await_holding_refcell_ref)]
+    let replay = || async { call(&mut *layered.borrow_mut(), request(Some(u64::MAX))).await };
+    let spread = alternating(rt, bare, replay);
+    alternated_summary(
+        "http",
+        "The layer's replay, time over the bare handler's",
+        &[("replay, time over the bare handler's", spread)],
+    );
 }
 
 fn summary() {

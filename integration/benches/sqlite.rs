@@ -13,8 +13,8 @@
 //!   on and off: fresh calls on SQLite, and calls whose error releases the key on the memory
 //!   store (nothing else to measure): what renewal costs a call shorter than its lease.
 //!
-//! - `alternating`: the replay ratios again, each side timed in alternation with the other
-//!   (see [`alternating`]), written to `alternating.json` beside criterion's output.
+//! - the replay ratios again, each side timed in alternation with the other
+//!   ([`support::alternating`]), written to `alternating-sqlite.json` beside criterion's output.
 //!
 //! `cargo bench --bench sqlite` prints the ratios at the end. All files live under the target
 //! directory, on the same disk.
@@ -22,14 +22,14 @@
 use std::path::{Path, PathBuf};
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use idem::Idem;
 use rusqlite::{Connection, params};
 use support::{
-    Payment, RawArgs, criterion_dir, median_ns, payment_json, ratio_row as row, raw_key,
-    register_payment, runtime,
+    Payment, RawArgs, Spread, alternating, criterion_dir, median_ns, payment_json,
+    ratio_row as row, raw_key, register_payment, runtime,
 };
 
 mod support;
@@ -251,63 +251,6 @@ fn replay_working_set(
             let spread = alternating(rt, cycling("on", size), cycling("off", size));
             alternated.push((name, spread));
         }
-    }
-}
-
-/// Rounds of an [`alternating`] measurement, and calls per side in each round.
-const ROUNDS: usize = 201;
-const BLOCK: usize = 400;
-
-/// The median of the ratios of an [`alternating`] measurement, and its quartiles.
-#[derive(Debug, Clone, Copy)]
-struct Spread {
-    median: f64,
-    low_quartile: f64,
-    high_quartile: f64,
-}
-
-/// `ours`'s rate over `theirs`'s, measured in alternation: [`ROUNDS`] rounds, each timing
-/// [`BLOCK`] calls of one side and then [`BLOCK`] of the other (which side goes first
-/// alternates), each round giving one ratio. Both halves of a round run within a few
-/// milliseconds of each other, so the machine's drift over a run (a quarter from one minute to
-/// the next on a shared VM) stays out of the ratio; between two criterion benches measured
-/// seconds apart, it does not.
-fn alternating<A, AF, B, BF>(rt: &tokio::runtime::Runtime, mut ours: A, mut theirs: B) -> Spread
-where
-    A: FnMut() -> AF,
-    AF: Future,
-    B: FnMut() -> BF,
-    BF: Future,
-{
-    async fn timed<F: FnMut() -> Fut, Fut: Future>(call: &mut F) -> Duration {
-        let start = Instant::now();
-        for _ in 0..BLOCK {
-            std::hint::black_box(call().await);
-        }
-        start.elapsed()
-    }
-    let mut ratios = rt.block_on(async {
-        // One round unmeasured, to warm both sides.
-        timed(&mut ours).await;
-        timed(&mut theirs).await;
-        let mut ratios = Vec::with_capacity(ROUNDS);
-        for round in 0..ROUNDS {
-            let (ours_took, theirs_took) = if round % 2 == 0 {
-                let o = timed(&mut ours).await;
-                (o, timed(&mut theirs).await)
-            } else {
-                let t = timed(&mut theirs).await;
-                (timed(&mut ours).await, t)
-            };
-            ratios.push(theirs_took.as_secs_f64() / ours_took.as_secs_f64());
-        }
-        ratios
-    });
-    ratios.sort_by(f64::total_cmp);
-    Spread {
-        median: ratios[ROUNDS / 2],
-        low_quartile: ratios[ROUNDS / 4],
-        high_quartile: ratios[ROUNDS * 3 / 4],
     }
 }
 
@@ -574,37 +517,5 @@ fn main() {
     renewal(&mut c, &dir, &rt);
     c.final_summary();
     summary();
-    if !alternated.is_empty() {
-        alternated_summary(&alternated);
-    }
-}
-
-/// Prints the alternating ratios and writes them to `alternating.json`, for bench-report.
-fn alternated_summary(alternated: &[(&'static str, Spread)]) {
-    println!(
-        "\nSQLite replays timed in alternation with their baseline ({ROUNDS} rounds of {BLOCK} calls a side): \
-         median ratio of rates, and quartiles"
-    );
-    for (name, s) in alternated {
-        println!(
-            "  {name:<48} {:.2} ({:.2}–{:.2})",
-            s.median, s.low_quartile, s.high_quartile
-        );
-    }
-    let json: Vec<serde_json::Value> = alternated
-        .iter()
-        .map(|(name, s)| {
-            serde_json::json!({
-                "name": name,
-                "median": s.median,
-                "low_quartile": s.low_quartile,
-                "high_quartile": s.high_quartile,
-            })
-        })
-        .collect();
-    std::fs::write(
-        criterion_dir().join("alternating.json"),
-        serde_json::to_vec_pretty(&json).expect("json"),
-    )
-    .expect("write alternating.json");
+    support::alternated_summary("sqlite", "SQLite replays, ratio of rates", &alternated);
 }

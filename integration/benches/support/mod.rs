@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use idem::idempotent;
 use serde::{Deserialize, Serialize};
@@ -191,4 +192,94 @@ pub fn concurrent_callers<F, Fut>(
         );
     }
     group.finish();
+}
+
+/// Rounds of an [`alternating`] measurement, and calls per side in each round.
+pub const ROUNDS: usize = 201;
+pub const BLOCK: usize = 400;
+
+/// The median of the ratios of an [`alternating`] measurement, and its quartiles.
+#[derive(Debug, Clone, Copy)]
+pub struct Spread {
+    pub median: f64,
+    pub low_quartile: f64,
+    pub high_quartile: f64,
+}
+
+/// `ours`'s rate over `theirs`'s, measured in alternation: [`ROUNDS`] rounds, each timing
+/// [`BLOCK`] calls of one side and then [`BLOCK`] of the other (which side goes first
+/// alternates), each round giving one ratio. Both halves of a round run within a few
+/// milliseconds of each other, so the machine's drift over a run (a quarter from one minute to
+/// the next on a shared VM) stays out of the ratio; between two criterion benches measured
+/// seconds apart, it does not.
+pub fn alternating<A, AF, B, BF>(rt: &tokio::runtime::Runtime, mut ours: A, mut theirs: B) -> Spread
+where
+    A: FnMut() -> AF,
+    AF: Future,
+    B: FnMut() -> BF,
+    BF: Future,
+{
+    async fn timed<F: FnMut() -> Fut, Fut: Future>(call: &mut F) -> Duration {
+        let start = Instant::now();
+        for _ in 0..BLOCK {
+            std::hint::black_box(call().await);
+        }
+        start.elapsed()
+    }
+    let mut ratios = rt.block_on(async {
+        // One round unmeasured, to warm both sides.
+        timed(&mut ours).await;
+        timed(&mut theirs).await;
+        let mut ratios = Vec::with_capacity(ROUNDS);
+        for round in 0..ROUNDS {
+            let (ours_took, theirs_took) = if round % 2 == 0 {
+                let o = timed(&mut ours).await;
+                (o, timed(&mut theirs).await)
+            } else {
+                let t = timed(&mut theirs).await;
+                (timed(&mut ours).await, t)
+            };
+            ratios.push(theirs_took.as_secs_f64() / ours_took.as_secs_f64());
+        }
+        ratios
+    });
+    ratios.sort_by(f64::total_cmp);
+    Spread {
+        median: ratios[ROUNDS / 2],
+        low_quartile: ratios[ROUNDS / 4],
+        high_quartile: ratios[ROUNDS * 3 / 4],
+    }
+}
+
+/// Prints the ratios `bench` timed in alternation under `title`, and writes them to
+/// `alternating-{bench}.json` beside criterion's output, for bench-report. Nothing when none ran.
+pub fn alternated_summary(bench: &str, title: &str, alternated: &[(&'static str, Spread)]) {
+    if alternated.is_empty() {
+        return;
+    }
+    println!(
+        "\n{title}, timed in alternation ({ROUNDS} rounds of {BLOCK} calls a side): median, quartiles"
+    );
+    for (name, s) in alternated {
+        println!(
+            "  {name:<48} {:.2} ({:.2}–{:.2})",
+            s.median, s.low_quartile, s.high_quartile
+        );
+    }
+    let json: Vec<serde_json::Value> = alternated
+        .iter()
+        .map(|(name, s)| {
+            serde_json::json!({
+                "name": name,
+                "median": s.median,
+                "low_quartile": s.low_quartile,
+                "high_quartile": s.high_quartile,
+            })
+        })
+        .collect();
+    std::fs::write(
+        criterion_dir().join(format!("alternating-{bench}.json")),
+        serde_json::to_vec_pretty(&json).expect("json"),
+    )
+    .expect("write the alternated ratios");
 }
