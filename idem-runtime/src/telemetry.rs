@@ -93,46 +93,122 @@ pub(crate) async fn observe<T, E>(
     result
 }
 
-/// Every `outcome` label, in the order of [`outcome`]'s indices.
-const OUTCOMES: [&str; 12] = [
-    "fresh",
-    "unprotected",
-    "replayed",
-    "in_flight",
-    "mismatch",
-    "unknown",
-    "replayed_error",
-    "store_error",
-    "completion_failed",
-    "not_committed",
-    "tool_error",
-    "refused",
-];
+/// How a keyed call ended: its `outcome` label (see the module's table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Fresh,
+    Unprotected,
+    Replayed,
+    InFlight,
+    Mismatch,
+    Unknown,
+    ReplayedError,
+    StoreError,
+    CompletionFailed,
+    NotCommitted,
+    ToolError,
+    Refused,
+}
+
+impl Ending {
+    /// Every ending, in the order of their discriminants (the index of their metric keys).
+    const ALL: [Ending; 12] = [
+        Ending::Fresh,
+        Ending::Unprotected,
+        Ending::Replayed,
+        Ending::InFlight,
+        Ending::Mismatch,
+        Ending::Unknown,
+        Ending::ReplayedError,
+        Ending::StoreError,
+        Ending::CompletionFailed,
+        Ending::NotCommitted,
+        Ending::ToolError,
+        Ending::Refused,
+    ];
+
+    fn of<T, E>(result: &Result<Outcome<T>, Error<E>>) -> Self {
+        match result {
+            Ok(Outcome::Fresh(_)) => Ending::Fresh,
+            Ok(Outcome::Unprotected(_)) => Ending::Unprotected,
+            Ok(Outcome::Replayed(_)) => Ending::Replayed,
+            Ok(Outcome::InFlight(_)) => Ending::InFlight,
+            Ok(Outcome::Mismatch(_)) => Ending::Mismatch,
+            Ok(Outcome::Unknown(_)) => Ending::Unknown,
+            Err(Error::Tool { replayed: true, .. }) => Ending::ReplayedError,
+            Err(Error::Store(_)) => Ending::StoreError,
+            Err(Error::CompletionFailed { .. }) => Ending::CompletionFailed,
+            Err(Error::NotCommitted { .. }) => Ending::NotCommitted,
+            Err(e) if e.body_ran() => Ending::ToolError,
+            Err(_) => Ending::Refused,
+        }
+    }
+
+    /// The `outcome` label.
+    fn label(self) -> &'static str {
+        match self {
+            Ending::Fresh => "fresh",
+            Ending::Unprotected => "unprotected",
+            Ending::Replayed => "replayed",
+            Ending::InFlight => "in_flight",
+            Ending::Mismatch => "mismatch",
+            Ending::Unknown => "unknown",
+            Ending::ReplayedError => "replayed_error",
+            Ending::StoreError => "store_error",
+            Ending::CompletionFailed => "completion_failed",
+            Ending::NotCommitted => "not_committed",
+            Ending::ToolError => "tool_error",
+            Ending::Refused => "refused",
+        }
+    }
+
+    /// Whether the tool's body ran: the call is an effect.
+    fn body_ran(self) -> bool {
+        matches!(
+            self,
+            Ending::Fresh
+                | Ending::Unprotected
+                | Ending::CompletionFailed
+                | Ending::NotCommitted
+                | Ending::ToolError
+        )
+    }
+
+    /// Whether the store failed the call (logged as a warning).
+    fn store_failed(self) -> bool {
+        matches!(
+            self,
+            Ending::StoreError | Ending::CompletionFailed | Ending::NotCommitted
+        )
+    }
+}
 
 /// The metric keys of one tool, labels included, built at its first keyed call and kept in its
 /// [`ToolInfo`]: reporting a call then builds no key and allocates nothing (a key built from
 /// runtime labels costs a vector and a hash at each call, even with no recorder installed).
 #[derive(Clone)]
 pub(crate) struct ToolMetrics {
-    calls: [Key; OUTCOMES.len()],
-    durations: [Key; OUTCOMES.len()],
+    /// By [`Ending`].
+    calls: [Key; Ending::ALL.len()],
+    /// By [`Ending`].
+    durations: [Key; Ending::ALL.len()],
     body_runs: Key,
 }
 
 impl ToolMetrics {
     pub(crate) fn new(tool: &'static str) -> Self {
-        let labelled = |name: &'static str, outcome: &'static str| {
+        let labelled = |name: &'static str, ending: Ending| {
             Key::from_parts(
                 name,
                 vec![
                     Label::from_static_parts("tool", tool),
-                    Label::from_static_parts("outcome", outcome),
+                    Label::from_static_parts("outcome", ending.label()),
                 ],
             )
         };
         ToolMetrics {
-            calls: OUTCOMES.map(|outcome| labelled(CALLS, outcome)),
-            durations: OUTCOMES.map(|outcome| labelled(CALL_DURATION, outcome)),
+            calls: Ending::ALL.map(|ending| labelled(CALLS, ending)),
+            durations: Ending::ALL.map(|ending| labelled(CALL_DURATION, ending)),
             body_runs: Key::from_parts(BODY_RUNS, vec![Label::from_static_parts("tool", tool)]),
         }
     }
@@ -141,24 +217,6 @@ impl ToolMetrics {
 impl std::fmt::Debug for ToolMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ToolMetrics").finish_non_exhaustive()
-    }
-}
-
-/// How a call ended: its index in [`OUTCOMES`], and whether its body ran.
-fn outcome<T, E>(result: &Result<Outcome<T>, Error<E>>) -> (usize, bool) {
-    match result {
-        Ok(Outcome::Fresh(_)) => (0, true),
-        Ok(Outcome::Unprotected(_)) => (1, true),
-        Ok(Outcome::Replayed(_)) => (2, false),
-        Ok(Outcome::InFlight(_)) => (3, false),
-        Ok(Outcome::Mismatch(_)) => (4, false),
-        Ok(Outcome::Unknown(_)) => (5, false),
-        Err(Error::Tool { replayed: true, .. }) => (6, false),
-        Err(Error::Store(_)) => (7, false),
-        Err(Error::CompletionFailed { .. }) => (8, true),
-        Err(Error::NotCommitted { .. }) => (9, true),
-        Err(e) if e.body_ran() => (10, true),
-        Err(_) => (11, false),
     }
 }
 
@@ -173,24 +231,22 @@ fn finish<T, E>(
     static METADATA: Metadata<'static> =
         Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
     DESCRIBED.call_once(describe);
-    let (index, body_ran) = outcome(result);
-    let outcome = OUTCOMES[index];
+    let ending = Ending::of(result);
+    let outcome = ending.label();
     let elapsed = started.elapsed();
     if !span.is_disabled() {
         span.record("outcome", outcome);
         span.record("duration_ms", elapsed.as_secs_f64() * 1e3);
     }
     let keys = tool.metrics();
+    let index = ending as usize;
     metrics::with_recorder(|r| r.register_counter(&keys.calls[index], &METADATA)).increment(1);
     metrics::with_recorder(|r| r.register_histogram(&keys.durations[index], &METADATA))
         .record(elapsed.as_secs_f64());
-    if body_ran {
+    if ending.body_ran() {
         metrics::with_recorder(|r| r.register_counter(&keys.body_runs, &METADATA)).increment(1);
     }
-    if matches!(
-        outcome,
-        "store_error" | "completion_failed" | "not_committed"
-    ) {
+    if ending.store_failed() {
         tracing::warn!(parent: span, outcome, "idempotent call: the store failed");
     } else {
         tracing::debug!(parent: span, outcome, "idempotent call");
@@ -202,6 +258,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn endings_are_listed_in_the_order_of_their_keys() {
+        for (i, ending) in Ending::ALL.iter().enumerate() {
+            assert_eq!(*ending as usize, i, "{ending:?}");
+        }
+    }
+
+    #[test]
     fn a_tools_keys_carry_its_name_and_each_outcome() {
         let keys = ToolMetrics::new("pay");
         let labels = |key: &Key| -> Vec<(String, String)> {
@@ -209,29 +272,20 @@ mod tests {
                 .map(|l| (l.key().to_owned(), l.value().to_owned()))
                 .collect()
         };
-        for (i, outcome) in OUTCOMES.iter().enumerate() {
+        for ending in Ending::ALL {
+            let i = ending as usize;
             for (key, name) in [(&keys.calls[i], CALLS), (&keys.durations[i], CALL_DURATION)] {
                 assert_eq!(key.name(), name);
                 assert_eq!(
                     labels(key),
                     [
                         ("tool".into(), "pay".into()),
-                        ("outcome".into(), (*outcome).into())
+                        ("outcome".into(), ending.label().into())
                     ]
                 );
             }
         }
         assert_eq!(keys.body_runs.name(), BODY_RUNS);
         assert_eq!(labels(&keys.body_runs), [("tool".into(), "pay".into())]);
-    }
-
-    #[test]
-    fn outcomes_name_how_calls_ended() {
-        let fresh: Result<Outcome<u8>, Error<String>> = Ok(Outcome::Fresh(1));
-        let replayed: Result<Outcome<u8>, Error<String>> = Ok(Outcome::Replayed(1));
-        assert_eq!(OUTCOMES[outcome(&fresh).0], "fresh");
-        assert!(outcome(&fresh).1);
-        assert_eq!(OUTCOMES[outcome(&replayed).0], "replayed");
-        assert!(!outcome(&replayed).1);
     }
 }
