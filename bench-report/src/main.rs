@@ -41,6 +41,8 @@ impl Results {
         let json: serde_json::Value = serde_json::from_slice(&text).ok()?;
         let spread = |v: &serde_json::Value| {
             Some(Spread {
+                rounds: v["rounds"].as_u64()?,
+                block: v["block"].as_u64()?,
                 median: v["median"].as_f64()?,
                 low_quartile: v["low_quartile"].as_f64()?,
                 high_quartile: v["high_quartile"].as_f64()?,
@@ -53,8 +55,11 @@ impl Results {
     }
 }
 
-/// One ratio timed in alternation: the median over the rounds, and the quartiles.
+/// One ratio timed in alternation: `rounds` rounds of `block` calls a side, the median ratio
+/// over the rounds, and the quartiles.
 struct Spread {
+    rounds: u64,
+    block: u64,
     median: f64,
     low_quartile: f64,
     high_quartile: f64,
@@ -240,16 +245,19 @@ fn markdown(results: &Results) -> String {
             ));
         }
     }
-    if let Some(alternated) = results.alternated("sqlite") {
+    if let Some(alternated) = results.alternated("sqlite")
+        && let Some((_, first)) = alternated.first()
+    {
         out.push_str("\n## Replay ratios timed in alternation\n\n");
-        out.push_str(
+        out.push_str(&format!(
             "The SQLite replay ratios above again, measured so that the machine's drift stays out \
-             of them: 201 rounds, each timing 400 calls of idem and 400 of its baseline one \
+             of them: {} rounds, each timing {} calls of idem and {} of its baseline one \
              after the other (which side goes first alternates), each round giving one ratio of \
              the two rates. Two criterion benches run seconds apart, and this machine's speed \
              varies by a quarter from one minute to the next; the two halves of a round run \
              milliseconds apart.\n\n",
-        );
+            first.rounds, first.block, first.block
+        ));
         out.push_str(
             "| comparison | median ratio | quartiles |\n\
              |---|---|---|\n",
@@ -312,9 +320,13 @@ fn markdown(results: &Results) -> String {
             for (name, spread) in alternated {
                 out.push_str(&format!(
                     "\nTimed in alternation with the bare handler (as the SQLite replay ratios \
-                     above): {name}, {:.2}× (median of 201 rounds of 400 requests a side; \
+                     above): {name}, {:.2}× (median of {} rounds of {} requests a side; \
                      quartiles {:.2}–{:.2}×).\n",
-                    spread.median, spread.low_quartile, spread.high_quartile
+                    spread.median,
+                    spread.rounds,
+                    spread.block,
+                    spread.low_quartile,
+                    spread.high_quartile
                 ));
             }
         }

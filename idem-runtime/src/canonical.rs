@@ -102,6 +102,7 @@ pub(crate) struct Members {
 }
 
 impl Members {
+    /// Room for `n` members of a few bytes each.
     pub(crate) fn with_capacity(n: usize) -> Self {
         Members::with_room(n, n * 16)
     }

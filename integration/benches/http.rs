@@ -22,7 +22,7 @@ use criterion::{Criterion, Throughput};
 use http_body_util::BodyExt;
 use idem::Idem;
 use idem::http::server::IdempotencyLayer;
-use support::{alternated_summary, alternating, criterion_dir, median_ns, runtime};
+use support::{alternated_summary, alternating, criterion_dir, median_ns, runtime, wanted};
 use tower_service::Service;
 
 mod support;
@@ -121,6 +121,9 @@ fn bench(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     group.finish();
     // The replay's time over the bare handler's, timed in alternation: the plain handler's rate
     // over the replay's. One call at a time, so a borrow held across its await meets no other.
+    if !wanted("http/replay") {
+        return;
+    }
     let (plain, layered) = (RefCell::new(router), RefCell::new(layered));
     #[allow(clippy::await_holding_refcell_ref)]
     let bare = || async { call(&mut *plain.borrow_mut(), request(None)).await };

@@ -29,7 +29,7 @@ use idem::Idem;
 use rusqlite::{Connection, params};
 use support::{
     Payment, RawArgs, Spread, alternating, criterion_dir, median_ns, payment_json,
-    ratio_row as row, raw_key, register_payment, runtime,
+    ratio_row as row, raw_key, register_payment, runtime, wanted,
 };
 
 mod support;
@@ -215,9 +215,9 @@ fn replay_working_set(
         return;
     }
     // Each side cycles over the working set on its own, as in the benches above.
-    let cycling = |scope: &'static str, size: u64| {
+    let cycling = |cache_on: bool, size: u64| {
         let next = std::cell::Cell::new(0);
-        let scope = if scope == "on" { &cached } else { &uncached };
+        let scope = if cache_on { &cached } else { &uncached };
         move || {
             next.set((next.get() + 1) % size);
             scope.run(call(next.get()))
@@ -245,23 +245,13 @@ fn replay_working_set(
             Some("4000 intents, cache on vs off"),
         ),
     ] {
-        alternated.push((on, alternating(rt, cycling("on", size), raw(size))));
-        alternated.push((off, alternating(rt, cycling("off", size), raw(size))));
+        alternated.push((on, alternating(rt, cycling(true, size), raw(size))));
+        alternated.push((off, alternating(rt, cycling(false, size), raw(size))));
         if let Some(name) = on_off {
-            let spread = alternating(rt, cycling("on", size), cycling("off", size));
+            let spread = alternating(rt, cycling(true, size), cycling(false, size));
             alternated.push((name, spread));
         }
     }
-}
-
-/// Whether the command line's filter (criterion's: a substring of the bench's name) lets the
-/// group `name` run; no filter lets every group run.
-fn wanted(name: &str) -> bool {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))
 }
 
 fn fresh(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {

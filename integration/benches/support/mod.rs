@@ -271,6 +271,8 @@ pub fn alternated_summary(bench: &str, title: &str, alternated: &[(&'static str,
         .map(|(name, s)| {
             serde_json::json!({
                 "name": name,
+                "rounds": ROUNDS,
+                "block": BLOCK,
                 "median": s.median,
                 "low_quartile": s.low_quartile,
                 "high_quartile": s.high_quartile,
@@ -282,4 +284,14 @@ pub fn alternated_summary(bench: &str, title: &str, alternated: &[(&'static str,
         serde_json::to_vec_pretty(&json).expect("json"),
     )
     .expect("write the alternated ratios");
+}
+
+/// Whether the command line's filter (criterion's: a substring of the bench's name) lets the
+/// group `name` run; no filter lets every group run.
+pub fn wanted(name: &str) -> bool {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))
 }
