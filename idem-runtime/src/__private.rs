@@ -97,25 +97,25 @@ impl ContextKeyPart for KeyPartProbe<'_, &rig_core::tool::ToolContext> {
 /// The body is the user's, its value already a plain `Result` (`ToolResult::into_result`, in
 /// the generated code, at the return type: a return type that is not a `Result` is one error
 /// there, and the bounds below then hold for the error type without more noise).
-pub async fn run_keyed<H, T, E, F>(
+pub fn run_keyed<H, T, E, F>(
     tool: &'static ToolInfo,
     _policy: H,
     key: KeyParts,
     fingerprint: Result<Fingerprint, CanonicalError>,
     body: F,
-) -> Result<Outcome<T>, Error<E>>
+) -> impl Future<Output = Result<Outcome<T>, Error<E>>>
 where
     E: ErrorHandling<H>,
     T: StorableResult,
     F: Future<Output = Result<T, E>>,
 {
     let body = move |()| body;
-    call::run::<_, _, H, _, _, _, _>(tool, key, fingerprint, (), NoCheck, body).await
+    call::run::<_, _, H, _, _, _, _>(tool, key, fingerprint, (), NoCheck, body)
 }
 
 /// Runs a keyed tool with a state check (`check = …`) that reconciles orphans and `unknown`
 /// records. `args` are the tool's arguments, lent to `check` and then given to `body`.
-pub async fn run_keyed_checked<H, T, E, A, C, B, F>(
+pub fn run_keyed_checked<H, T, E, A, C, B, F>(
     tool: &'static ToolInfo,
     _policy: H,
     key: KeyParts,
@@ -123,7 +123,7 @@ pub async fn run_keyed_checked<H, T, E, A, C, B, F>(
     args: A,
     check: C,
     body: B,
-) -> Result<Outcome<T>, Error<E>>
+) -> impl Future<Output = Result<Outcome<T>, Error<E>>>
 where
     E: ErrorHandling<H>,
     T: StorableResult,
@@ -132,7 +132,7 @@ where
     F: Future<Output = Result<T, E>>,
 {
     let check = StateCheck(check);
-    call::run::<_, _, H, _, _, _, _>(tool, key, fingerprint, args, check, body).await
+    call::run::<_, _, H, _, _, _, _>(tool, key, fingerprint, args, check, body)
 }
 
 /// Runs a tool decided by its state check alone (no key): `found` is the check's answer, made

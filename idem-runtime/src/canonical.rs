@@ -29,6 +29,7 @@
 //! | `#[serde(flatten)]` | members of the enclosing object; a name twice is [`CanonicalError::DuplicateMember`] |
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fmt;
 use std::ops::Range;
 
@@ -82,7 +83,7 @@ pub fn to_canonical_json<T: Serialize + ?Sized>(
 }
 
 /// Appends the canonical JSON of `value` to `out`.
-fn write_canonical<T: Serialize + ?Sized>(
+pub(crate) fn write_canonical<T: Serialize + ?Sized>(
     out: &mut Vec<u8>,
     value: &T,
     skip: &[&[&str]],
@@ -101,19 +102,42 @@ pub(crate) struct Members {
     entries: Vec<(Cow<'static, str>, Range<usize>)>,
 }
 
-impl Members {
-    /// Room for `n` members of a few bytes each.
-    pub(crate) fn with_capacity(n: usize) -> Self {
-        Members::with_room(n, n * 16)
-    }
+thread_local! {
+    /// Member lists whose object was written, kept (emptied) for the next objects of this
+    /// thread: fingerprinting a call's arguments, nested structs included, then allocates
+    /// nothing once the thread has fingerprinted a call like it.
+    static SPARE: RefCell<Vec<Members>> = const { RefCell::new(Vec::new()) };
+}
 
-    /// Room for `n` members whose values (and, for [`into_object`](Members::into_object), the
-    /// object written behind them) take `bytes`.
-    pub(crate) fn with_room(n: usize, bytes: usize) -> Self {
-        Members {
+/// How many emptied member lists a thread keeps: one for each level of nesting.
+const SPARE_LISTS: usize = 8;
+/// A list whose values took more than this is freed, not kept.
+const SPARE_BYTES: usize = 16 * 1024;
+
+impl Members {
+    /// Room for `n` members whose values (and, for [`object`](Members::object), the object
+    /// written behind them) take `bytes`: a list this thread finished with, if it kept one.
+    pub(crate) fn reused(n: usize, bytes: usize) -> Self {
+        let spare = SPARE.try_with(|spare| spare.borrow_mut().pop());
+        spare.ok().flatten().unwrap_or_else(|| Members {
             values: Vec::with_capacity(bytes),
             entries: Vec::with_capacity(n),
+        })
+    }
+
+    /// Empties the list and keeps it for the thread's next object (see [`Members::reused`]).
+    pub(crate) fn recycle(mut self) {
+        if self.values.capacity() > SPARE_BYTES {
+            return;
         }
+        self.values.clear();
+        self.entries.clear();
+        let _ = SPARE.try_with(|spare| {
+            let mut spare = spare.borrow_mut();
+            if spare.len() < SPARE_LISTS {
+                spare.push(self);
+            }
+        });
     }
 
     /// Adds member `name` with the canonical JSON of `value`, unless `skip` leaves it out.
@@ -150,26 +174,25 @@ impl Members {
         Ok(())
     }
 
-    /// Writes `{"a":…,"b":…}` with members in JCS order.
+    /// Writes `{"a":…,"b":…}` with members in JCS order, and keeps the list for reuse.
     pub(crate) fn write_to(mut self, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
         self.sort()?;
         write_object(out, &self.entries, |out, value| {
             out.extend_from_slice(&self.values[value]);
         });
+        self.recycle();
         Ok(())
     }
 
     /// The object alone, `{"a":…,"b":…}` with members in JCS order, written behind the member
     /// values in their own buffer rather than into a second one.
-    pub(crate) fn into_object(mut self) -> Result<Vec<u8>, CanonicalError> {
+    pub(crate) fn object(&mut self) -> Result<&[u8], CanonicalError> {
         self.sort()?;
-        let mut out = std::mem::take(&mut self.values);
-        let values = out.len();
-        write_object(&mut out, &self.entries, |out, value| {
+        let values = self.values.len();
+        write_object(&mut self.values, &self.entries, |out, value| {
             out.extend_from_within(value);
         });
-        out.drain(..values);
-        Ok(out)
+        Ok(&self.values[values..])
     }
 
     /// Puts the members in JCS order; a name given twice is an error.
@@ -445,7 +468,7 @@ impl<'a, 's> ser::Serializer for Canon<'a, 's> {
         Ok(Object {
             out: self.out,
             skip: self.skip,
-            members: Members::with_capacity(len.unwrap_or(0)),
+            members: Members::reused(len.unwrap_or(0), len.unwrap_or(0) * 16),
             pending_key: None,
             close_variant: false,
             special: None,
@@ -462,7 +485,7 @@ impl<'a, 's> ser::Serializer for Canon<'a, 's> {
             skip: self.skip,
             members: match special {
                 Some(_) => Members::default(),
-                None => Members::with_capacity(len),
+                None => Members::reused(len, len * 16),
             },
             pending_key: None,
             close_variant: false,
@@ -480,7 +503,7 @@ impl<'a, 's> ser::Serializer for Canon<'a, 's> {
         Ok(Object {
             out: self.out,
             skip: &[],
-            members: Members::with_capacity(len),
+            members: Members::reused(len, len * 16),
             pending_key: None,
             close_variant: true,
             special: None,

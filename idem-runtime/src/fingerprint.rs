@@ -75,7 +75,7 @@ impl<'s> ArgsFingerprint<'s> {
     pub fn new(skip: &'s [&'s [&'s str]]) -> Self {
         ArgsFingerprint {
             skip,
-            members: Members::with_room(4, 256),
+            members: Members::reused(4, 256),
             error: None,
         }
     }
@@ -106,14 +106,17 @@ impl<'s> ArgsFingerprint<'s> {
         if let Some(e) = self.error {
             return Err(e);
         }
-        let out = self.members.into_object()?;
-        if out.len() > limit {
+        let mut members = self.members;
+        let object = members.object()?;
+        if object.len() > limit {
             return Err(CanonicalError::TooLarge {
-                size: out.len(),
+                size: object.len(),
                 limit,
             });
         }
-        Ok(Fingerprint::of_canonical(&out))
+        let fingerprint = Fingerprint::of_canonical(object);
+        members.recycle();
+        Ok(fingerprint)
     }
 }
 
@@ -216,6 +219,31 @@ mod tests {
             .unwrap();
         assert_eq!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn buffers_reused_from_earlier_fingerprints_change_nothing() {
+        // Member lists are kept per thread for the next object: whatever the last one left
+        // (an error half-way, nested objects, a list too large to keep), the next is the same.
+        let nested = json!({"req": {"b": [1, {"z": 1, "a": 2}], "a": "x"}, "n": 5});
+        let first = ArgsFingerprint::new(&[])
+            .arg("a", &nested)
+            .arg("b", &1)
+            .finish()
+            .unwrap();
+        let _ = ArgsFingerprint::new(&[])
+            .arg("q", &json!({"k": {"deep": 1}}))
+            .arg("x", &f64::NAN)
+            .finish();
+        let _ = fingerprint(&json!({"big": "y".repeat(20_000)}), &[]);
+        for _ in 0..3 {
+            let again = ArgsFingerprint::new(&[])
+                .arg("b", &1)
+                .arg("a", &nested)
+                .finish()
+                .unwrap();
+            assert_eq!(again, first);
+        }
     }
 
     #[test]

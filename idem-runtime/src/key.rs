@@ -6,12 +6,13 @@
 //! `("a", "bc")` give different keys). Stores keep only the digest; logs, metrics and errors show
 //! only [`IdempotencyKey::short_hash`]. The raw parts never leave the call.
 
+use std::cell::Cell;
 use std::fmt;
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::canonical::{CanonicalError, to_canonical_json};
+use crate::canonical::{CanonicalError, write_canonical};
 
 /// Longest client-supplied key string, in bytes (Stripe's and the IETF draft's limit).
 pub const MAX_KEY_STRING_LEN: usize = 255;
@@ -93,7 +94,9 @@ impl KeyPart {
     /// 1 to 255 visible ASCII characters. Other values (numbers, UUIDs, small structs) are taken in
     /// their canonical JSON form.
     pub fn new<T: Serialize + ?Sized>(value: &T) -> Result<Self, InvalidKey> {
-        let canonical = to_canonical_json(value, &[]).map_err(InvalidKey::Unserializable)?;
+        let mut canonical = SPARE_PART.try_with(Cell::take).unwrap_or_default();
+        canonical.reserve(64);
+        write_canonical(&mut canonical, value, &[]).map_err(InvalidKey::Unserializable)?;
         if canonical.first() == Some(&b'"') {
             let inner = &canonical[1..canonical.len() - 1];
             if inner.contains(&b'\\') {
@@ -107,6 +110,63 @@ impl KeyPart {
             }
         }
         Ok(KeyPart(canonical))
+    }
+
+    /// Gives the part's buffer to this thread's next [`KeyPart::new`].
+    fn recycle(self) {
+        let mut buffer = self.0;
+        if buffer.capacity() <= MAX_SPARE_BYTES {
+            buffer.clear();
+            let _ = SPARE_PART.try_with(|spare| spare.set(buffer));
+        }
+    }
+}
+
+thread_local! {
+    /// The buffer of the last part [`EncodedParts`] took in, for the next part made on the thread.
+    static SPARE_PART: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    /// The buffer of the last [`EncodedParts`] a key was derived from, for the next.
+    static SPARE_PARTS: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// A buffer larger than this is freed, not kept for the next call.
+const MAX_SPARE_BYTES: usize = 4096;
+
+/// A call's key parts, in order, written as [`derive_key`] hashes them: each its length (8
+/// bytes, big-endian), then its canonical JSON. What `#[idempotent]` collects: a call then
+/// derives its key without allocating, reusing the buffers of the thread's previous call.
+pub(crate) struct EncodedParts {
+    bytes: Vec<u8>,
+    count: usize,
+}
+
+impl EncodedParts {
+    /// No parts yet.
+    pub(crate) fn new() -> Self {
+        let mut bytes = SPARE_PARTS.try_with(Cell::take).unwrap_or_default();
+        bytes.reserve(128);
+        EncodedParts { bytes, count: 0 }
+    }
+
+    /// Appends `part`.
+    pub(crate) fn push(&mut self, part: KeyPart) {
+        self.bytes
+            .extend_from_slice(&(part.0.len() as u64).to_be_bytes());
+        self.bytes.extend_from_slice(&part.0);
+        self.count += 1;
+        part.recycle();
+    }
+
+    /// The key of these parts for `tool` under `tenant`: [`derive_key`] of the same parts.
+    pub(crate) fn derive(self, tenant: &str, tool: &str) -> IdempotencyKey {
+        let mut h = key_hasher(tenant, tool, self.count);
+        h.update(&self.bytes);
+        let mut bytes = self.bytes;
+        if bytes.capacity() <= MAX_SPARE_BYTES {
+            bytes.clear();
+            let _ = SPARE_PARTS.try_with(|spare| spare.set(bytes));
+        }
+        IdempotencyKey(h.finalize().into())
     }
 }
 
@@ -159,19 +219,27 @@ fn validate_key_bytes(key: &[u8]) -> Result<(), InvalidKey> {
 
 /// Derives the key of an intent. This is the only place keys are made.
 pub fn derive_key(tenant: &str, tool: &str, parts: &[KeyPart]) -> IdempotencyKey {
-    let mut h = Sha256::new();
-    h.update(b"idem/key/v1\0");
-    let mut field = |bytes: &[u8]| {
-        h.update((bytes.len() as u64).to_be_bytes());
-        h.update(bytes);
-    };
-    field(tenant.as_bytes());
-    field(tool.as_bytes());
-    field(&(parts.len() as u64).to_be_bytes());
+    let mut h = key_hasher(tenant, tool, parts.len());
     for part in parts {
-        field(&part.0);
+        field(&mut h, &part.0);
     }
     IdempotencyKey(h.finalize().into())
+}
+
+/// The hash of a key, fed with all but its parts: each part then goes in as a [`field`].
+fn key_hasher(tenant: &str, tool: &str, parts: usize) -> Sha256 {
+    let mut h = Sha256::new();
+    h.update(b"idem/key/v1\0");
+    field(&mut h, tenant.as_bytes());
+    field(&mut h, tool.as_bytes());
+    field(&mut h, &(parts as u64).to_be_bytes());
+    h
+}
+
+/// One field of a key's hash: its length (8 bytes, big-endian), then its bytes.
+fn field(h: &mut Sha256, bytes: &[u8]) {
+    h.update((bytes.len() as u64).to_be_bytes());
+    h.update(bytes);
 }
 
 /// A key for a call a tool makes downstream (a payment provider, another API), derived from the
@@ -366,6 +434,37 @@ mod tests {
     }
 
     const GOLDEN_KEY_PREFIX: &str = "6d4ced499334";
+
+    #[test]
+    fn parts_collected_one_by_one_derive_the_same_key_call_after_call() {
+        // What `#[idempotent]` collects (`EncodedParts`) must derive what `derive_key` derives,
+        // also on later calls of the thread, which reuse the buffers of earlier ones.
+        for (tenant, parts) in [
+            ("tenant-a", vec!["r-9", "step-3"]),
+            (
+                "tenant-b",
+                vec!["a-much-longer-run-identifier-than-the-last"],
+            ),
+            ("tenant-a", vec![]),
+            ("tenant-a", vec!["r-9", "step-3"]),
+        ] {
+            let mut encoded = EncodedParts::new();
+            for p in &parts {
+                encoded.push(part(p));
+            }
+            let collected: Vec<KeyPart> = parts.iter().map(|p| part(p)).collect();
+            assert_eq!(
+                encoded.derive(tenant, "payments.register"),
+                derive_key(tenant, "payments.register", &collected),
+                "{tenant} {parts:?}"
+            );
+        }
+        let mut encoded = EncodedParts::new();
+        encoded.push(part("r-9"));
+        encoded.push(part("step-3"));
+        let key = encoded.derive("tenant-a", "payments.register");
+        assert_eq!(key.short_hash().to_string(), GOLDEN_KEY_PREFIX);
+    }
 
     #[test]
     fn display_never_shows_the_parts() {

@@ -289,7 +289,7 @@ async fn dead_letter(
         ttl: DEAD_LETTER_TTL,
         orphans: Orphans::TakeOver,
     };
-    match claim(idem, intent).await? {
+    match claim(idem, &intent).await? {
         Claiming::Acquired(claimed) => {
             claimed.complete(RecordStatus::Completed, &bytes).await?;
             Ok(())

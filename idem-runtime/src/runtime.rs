@@ -336,6 +336,11 @@ impl Scope {
         self.tenant.clone()
     }
 
+    /// The runtime and the tenant, taken apart.
+    pub(crate) fn into_parts(self) -> (Idem, Arc<str>) {
+        (self.idem, self.tenant)
+    }
+
     /// The runtime.
     pub fn idem(&self) -> &Idem {
         &self.idem

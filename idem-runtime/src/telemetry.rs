@@ -27,11 +27,13 @@
 //! subscriber or a `metrics` recorder (a Prometheus exporter, say); the descriptions ([`describe`])
 //! reach the recorder installed before the first keyed call, or call [`describe`] yourself.
 
+use std::pin::Pin;
 use std::sync::Once;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use metrics::{Key, Label, Metadata, Unit};
-use tracing::{Instrument as _, Span};
+use tracing::Span;
 
 use crate::error::Error;
 use crate::key::IdempotencyKey;
@@ -63,34 +65,74 @@ pub fn describe() {
     );
 }
 
-/// Runs `call`, one keyed call of `tool`, inside its span `idem.call` (lent to `call`, which
-/// records the fencing token on it), and reports how it ended ([`finish`]). When no subscriber
-/// wants the span, the call is not wrapped in it at all: entering and leaving a disabled span
-/// at every poll is work for nothing.
-pub(crate) async fn observe<T, E>(
+/// One keyed call of a tool, observed: its span `idem.call`, and when it started.
+///
+/// [`start`](Observation::start) it once the key is known, run the call's steps
+/// [`within`](Observation::within) it, [`finish`](Observation::finish) it with the call's result.
+pub(crate) struct Observation {
     tool: &'static ToolInfo,
-    tenant: &str,
-    key: IdempotencyKey,
-    call: impl AsyncFnOnce(&Span) -> Result<Outcome<T>, Error<E>>,
-) -> Result<Outcome<T>, Error<E>> {
-    let span = tracing::info_span!(
-        "idem.call",
-        tool = tool.name,
-        tenant,
-        key = %key.short_hash(),
-        token = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-        duration_ms = tracing::field::Empty,
-    );
-    let started = Instant::now();
-    let running = call(&span);
-    let result = if span.is_disabled() {
-        running.await
-    } else {
-        running.instrument(span.clone()).await
-    };
-    finish(&span, tool, &result, started);
-    result
+    span: Span,
+    started: Instant,
+}
+
+impl Observation {
+    /// Opens the call's span and starts its clock.
+    pub(crate) fn start(tool: &'static ToolInfo, tenant: &str, key: IdempotencyKey) -> Self {
+        let span = tracing::info_span!(
+            "idem.call",
+            tool = tool.name,
+            tenant,
+            key = %key.short_hash(),
+            token = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        Observation {
+            tool,
+            span,
+            started: Instant::now(),
+        }
+    }
+
+    /// The call's span (a claim records its fencing token on it).
+    pub(crate) fn span(&self) -> &Span {
+        &self.span
+    }
+
+    /// Runs `step` of the call inside its span. When no subscriber wants the span, `step` is not
+    /// entered in it at all: entering and leaving a disabled span at every poll is work for
+    /// nothing.
+    pub(crate) fn within<F: Future>(&self, step: F) -> InSpan<'_, F> {
+        InSpan {
+            span: (!self.span.is_disabled()).then_some(&self.span),
+            step,
+        }
+    }
+
+    /// Reports how the call ended: on its span, in the metrics, and as an event.
+    pub(crate) fn finish<T, E>(self, result: &Result<Outcome<T>, Error<E>>) {
+        finish(&self.span, self.tool, result, self.started);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A step of a call, polled inside the call's span when one is wanted
+    /// ([`Observation::within`]). Unlike an `async` wrapper, it holds the step once.
+    pub(crate) struct InSpan<'a, F> {
+        span: Option<&'a Span>,
+        #[pin]
+        step: F,
+    }
+}
+
+impl<F: Future> Future for InSpan<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let _entered = this.span.map(Span::enter);
+        this.step.poll(cx)
+    }
 }
 
 /// How a keyed call ended: its `outcome` label (see the module's table).

@@ -13,15 +13,16 @@ use super::{Claimed, Claiming, Intent, claim};
 use crate::canonical::CanonicalError;
 use crate::error::{Error, ErrorClass};
 use crate::fingerprint::Fingerprint;
-use crate::key::{IdempotencyKey, InvalidKey, KeyPart, derive_key};
+use crate::key::{EncodedParts, IdempotencyKey, InvalidKey, KeyPart};
 use crate::outcome::{InFlight, Mismatch, Outcome, Unknown};
 use crate::registry::ToolInfo;
 use crate::runtime::Scope;
 use crate::store::{Fenced, Orphans, RecordStatus};
+use crate::telemetry::Observation;
 
 /// The key parts of one call, collected in declaration order.
 pub struct KeyParts {
-    parts: Vec<KeyPart>,
+    parts: EncodedParts,
     missing: Option<&'static str>,
     invalid: Option<(&'static str, InvalidKey)>,
 }
@@ -30,7 +31,7 @@ impl KeyParts {
     /// No parts yet.
     pub fn new() -> Self {
         KeyParts {
-            parts: Vec::with_capacity(2),
+            parts: EncodedParts::new(),
             missing: None,
             invalid: None,
         }
@@ -133,7 +134,7 @@ pub(crate) fn prepare<E>(
     if tenant.is_empty() || tenant.len() > 255 || tenant.contains('\0') {
         return Err(Error::InvalidTenant { tool: name });
     }
-    let key = derive_key(tenant, name, &key.parts);
+    let key = key.parts.derive(tenant, name);
     Ok(Prepared::Keyed {
         scope,
         key,
@@ -143,14 +144,20 @@ pub(crate) fn prepare<E>(
 
 /// Runs a keyed tool: claim, run the body at most once, settle the record as the policy `H`
 /// says. `args` are lent to `check` (after a takeover) and then given to `body`.
-pub(crate) async fn run<T, E, H, A, C, B, F>(
+///
+/// The refusals before the store ([`prepare`]) are decided when the future is made, by the
+/// tool's own future as it runs (in its task, so under its scope): the call's future then holds
+/// neither the key parts nor the fingerprint's input. Every call's future is moved as it is
+/// made and nested, so its size is paid at every call; a replay's is kept small (see
+/// [`run_claimed`]).
+pub(crate) fn run<T, E, H, A, C, B, F>(
     tool: &'static ToolInfo,
     key: KeyParts,
     fingerprint: Result<Fingerprint, CanonicalError>,
     args: A,
     check: C,
     body: B,
-) -> Result<Outcome<T>, Error<E>>
+) -> impl Future<Output = Result<Outcome<T>, Error<E>>>
 where
     T: Serialize + DeserializeOwned,
     E: ErrorHandling<H>,
@@ -158,82 +165,121 @@ where
     B: FnOnce(A) -> F,
     F: Future<Output = Result<T, E>>,
 {
-    let name = tool.name;
-    let (scope, key, fingerprint) = match prepare(tool, key, fingerprint)? {
-        Prepared::Keyed {
-            scope,
-            key,
-            fingerprint,
-        } => (scope, key, fingerprint),
-        Prepared::Unprotected => {
-            return body(args)
-                .await
-                .map(Outcome::Unprotected)
-                .map_err(|error| Error::Tool {
-                    class: ErrorHandling::<H>::class(&error),
-                    error,
-                    replayed: false,
-                });
-        }
-    };
-    crate::current::note_call(name, key);
-    let (scope, idem) = (&scope, scope.idem());
-    crate::telemetry::observe(tool, scope.tenant(), key, async move |span| {
-        let orphans = if C::RECONCILES {
-            Orphans::Reconcile
-        } else {
-            tool.orphans()
-        };
-        let intent = Intent {
-            tenant: scope.shared_tenant(),
-            key,
-            tool: name,
-            fingerprint,
-            lease: tool.effective_lease(idem),
-            ttl: tool.effective_ttl(idem),
-            orphans,
-        };
-        let hash = key.short_hash();
-        let claimed = match claim(idem, intent).await? {
-            Claiming::Acquired(claimed) => claimed,
-            Claiming::Completed(bytes) => return replay::<T, E, H>(name, key, &bytes),
-            Claiming::Mismatch => return Ok(Outcome::Mismatch(Mismatch::new(name, hash))),
-            Claiming::InFlight(wait) => {
-                return Ok(Outcome::InFlight(InFlight::new(name, hash, wait)));
+    let prepared = prepare(tool, key, fingerprint);
+    async move {
+        let name = tool.name;
+        let (scope, key, fingerprint) = match prepared? {
+            Prepared::Keyed {
+                scope,
+                key,
+                fingerprint,
+            } => (scope, key, fingerprint),
+            Prepared::Unprotected => {
+                return body(args)
+                    .await
+                    .map(Outcome::Unprotected)
+                    .map_err(|error| Error::Tool {
+                        class: ErrorHandling::<H>::class(&error),
+                        error,
+                        replayed: false,
+                    });
             }
-            Claiming::Unknown => return Ok(Outcome::Unknown(Unknown::new(name, hash))),
         };
-        span.record("token", claimed.token().get());
-        // An orphan or an unknown record: an earlier owner may have had the effect. The state
-        // check, if the tool has one, says which before anything runs again.
-        if C::RECONCILES && claimed.takeover() {
-            let check = crate::current::run_as(
+        crate::current::note_call(name, key);
+        let (idem, tenant) = scope.into_parts();
+        let idem = &idem;
+        let observed = Observation::start(tool, &tenant, key);
+        let result = 'call: {
+            let orphans = if C::RECONCILES {
+                Orphans::Reconcile
+            } else {
+                tool.orphans()
+            };
+            let intent = Intent {
+                tenant,
+                key,
+                tool: name,
+                fingerprint,
+                lease: tool.effective_lease(idem),
+                ttl: tool.effective_ttl(idem),
+                orphans,
+            };
+            let hash = key.short_hash();
+            let claimed = match observed.within(claim(idem, &intent)).await {
+                Ok(Claiming::Acquired(claimed)) => claimed,
+                Ok(Claiming::Completed(bytes)) => break 'call replay::<T, E, H>(name, key, &bytes),
+                Ok(Claiming::Mismatch) => {
+                    break 'call Ok(Outcome::Mismatch(Mismatch::new(name, hash)));
+                }
+                Ok(Claiming::InFlight(wait)) => {
+                    break 'call Ok(Outcome::InFlight(InFlight::new(name, hash, wait)));
+                }
+                Ok(Claiming::Unknown) => {
+                    break 'call Ok(Outcome::Unknown(Unknown::new(name, hash)));
+                }
+                Err(e) => break 'call Err(Error::Store(e)),
+            };
+            observed.span().record("token", claimed.token().get());
+            // Boxed: the check, the body's run and the settlement would make every call's
+            // future several times larger, a replay's too. One allocation for a call that
+            // writes.
+            let rest = Box::pin(run_claimed::<T, E, H, A, C, B, F>(
                 name,
                 key,
-                claimed.lease_state().clone(),
-                check.check(&args),
-            );
-            match claimed.hold(check).await {
-                Ok(Some(value)) => {
-                    let bytes =
-                        encode_value(&value).map_err(|source| not_stored(name, key, source))?;
-                    return match claimed.complete(RecordStatus::Completed, &bytes).await {
-                        Ok(Fenced::Applied) => Ok(Outcome::Replayed(value)),
-                        Ok(Fenced::Lost) => Err(lease_lost(name, key)),
-                        Err(e) => Err(Error::Store(e)),
-                    };
-                }
-                Ok(None) => {}
-                // Still unknown whether the effect happened: keep the claim (the lease
-                // protects it, and the next claim checks again) and run nothing.
-                Err(error) => return Err(Error::CheckFailed { tool: name, error }),
+                claimed,
+                args,
+                check,
+                body,
+                idem.max_result_bytes(),
+            ));
+            observed.within(rest).await
+        };
+        observed.finish(&result);
+        result
+    }
+}
+
+/// The rest of a call whose claim acquired the key: the state check after a takeover, the
+/// body, the settlement.
+async fn run_claimed<T, E, H, A, C, B, F>(
+    name: &'static str,
+    key: IdempotencyKey,
+    claimed: Claimed,
+    args: A,
+    check: C,
+    body: B,
+    limit: usize,
+) -> Result<Outcome<T>, Error<E>>
+where
+    T: Serialize,
+    E: ErrorHandling<H>,
+    C: Check<A, T, E>,
+    B: FnOnce(A) -> F,
+    F: Future<Output = Result<T, E>>,
+{
+    // An orphan or an unknown record: an earlier owner may have had the effect. The state
+    // check, if the tool has one, says which before anything runs again.
+    if C::RECONCILES && claimed.takeover() {
+        let check =
+            crate::current::run_as(name, key, claimed.lease_state().clone(), check.check(&args));
+        match claimed.hold(check).await {
+            Ok(Some(value)) => {
+                let bytes = encode_value(&value).map_err(|source| not_stored(name, key, source))?;
+                return match claimed.complete(RecordStatus::Completed, &bytes).await {
+                    Ok(Fenced::Applied) => Ok(Outcome::Replayed(value)),
+                    Ok(Fenced::Lost) => Err(lease_lost(name, key)),
+                    Err(e) => Err(Error::Store(e)),
+                };
             }
+            Ok(None) => {}
+            // Still unknown whether the effect happened: keep the claim (the lease protects
+            // it, and the next claim checks again) and run nothing.
+            Err(error) => return Err(Error::CheckFailed { tool: name, error }),
         }
-        let body = crate::current::run_as(name, key, claimed.lease_state().clone(), body(args));
-        let result = claimed.hold(body).await;
-        settle::<T, E, H>(name, key, claimed, result, idem.max_result_bytes()).await
-    })
-    .await
+    }
+    let body = crate::current::run_as(name, key, claimed.lease_state().clone(), body(args));
+    let result = claimed.hold(body).await;
+    settle::<T, E, H>(name, key, claimed, result, limit).await
 }
 
 /// A completed record, read back: the stored value, or the stored error of the tool.
@@ -508,7 +554,7 @@ mod tests {
                 // A claim whose owner died: its lease (1 ms) lapses with the key held.
                 let claimed = crate::protocol::claim(
                     &idem,
-                    crate::protocol::Intent {
+                    &crate::protocol::Intent {
                         tenant: "t".into(),
                         key: crate::key::derive_key(
                             "t",

@@ -72,7 +72,7 @@ pub(crate) enum Claiming {
 }
 
 /// Claims `intent`'s key in `idem`'s store, reading the time once from `idem`'s clock.
-pub(crate) async fn claim(idem: &Idem, intent: Intent) -> Result<Claiming, StoreError> {
+pub(crate) async fn claim(idem: &Idem, intent: &Intent) -> Result<Claiming, StoreError> {
     let now = idem.clock().now();
     let claim = idem
         .store()
@@ -90,7 +90,7 @@ pub(crate) async fn claim(idem: &Idem, intent: Intent) -> Result<Claiming, Store
     Ok(match claim {
         Claim::Acquired { token, takeover } => Claiming::Acquired(Claimed {
             idem: idem.clone(),
-            tenant: intent.tenant,
+            tenant: intent.tenant.clone(),
             key: intent.key,
             token,
             ttl: intent.ttl,
@@ -214,7 +214,7 @@ mod tests {
     #[tokio::test]
     async fn a_new_key_is_acquired_then_replayed_once_completed() {
         let idem = Idem::with_store(MemoryStore::new());
-        let Claiming::Acquired(claimed) = claim(&idem, intent(1, 30_000)).await.unwrap() else {
+        let Claiming::Acquired(claimed) = claim(&idem, &intent(1, 30_000)).await.unwrap() else {
             panic!("a new key is acquired");
         };
         assert!(!claimed.takeover());
@@ -225,7 +225,7 @@ mod tests {
                 .unwrap(),
             Fenced::Applied
         );
-        match claim(&idem, intent(1, 30_000)).await.unwrap() {
+        match claim(&idem, &intent(1, 30_000)).await.unwrap() {
             Claiming::Completed(bytes) => assert_eq!(bytes, b"{\"ok\":7}"),
             other => panic!("a completed key replays: {other:?}"),
         }
@@ -234,14 +234,14 @@ mod tests {
     #[tokio::test]
     async fn other_arguments_are_a_mismatch_and_a_held_key_says_how_long_to_wait() {
         let idem = Idem::with_store(MemoryStore::new());
-        let Claiming::Acquired(_held) = claim(&idem, intent(1, 30_000)).await.unwrap() else {
+        let Claiming::Acquired(_held) = claim(&idem, &intent(1, 30_000)).await.unwrap() else {
             panic!("acquired");
         };
         assert!(matches!(
-            claim(&idem, intent(2, 30_000)).await.unwrap(),
+            claim(&idem, &intent(2, 30_000)).await.unwrap(),
             Claiming::Mismatch
         ));
-        match claim(&idem, intent(1, 30_000)).await.unwrap() {
+        match claim(&idem, &intent(1, 30_000)).await.unwrap() {
             Claiming::InFlight(wait) => {
                 assert!(wait <= Duration::from_secs(30) && wait > Duration::from_secs(25));
             }
@@ -252,15 +252,15 @@ mod tests {
     #[tokio::test]
     async fn a_released_key_runs_again_and_a_taken_over_claim_cannot_settle() {
         let idem = Idem::with_store(MemoryStore::new());
-        let Claiming::Acquired(first) = claim(&idem, intent(1, 30_000)).await.unwrap() else {
+        let Claiming::Acquired(first) = claim(&idem, &intent(1, 30_000)).await.unwrap() else {
             panic!("acquired");
         };
         assert_eq!(first.release().await.unwrap(), Fenced::Applied);
-        let Claiming::Acquired(zombie) = claim(&idem, intent(1, 1)).await.unwrap() else {
+        let Claiming::Acquired(zombie) = claim(&idem, &intent(1, 1)).await.unwrap() else {
             panic!("released keys are free");
         };
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let Claiming::Acquired(owner) = claim(&idem, intent(1, 30_000)).await.unwrap() else {
+        let Claiming::Acquired(owner) = claim(&idem, &intent(1, 30_000)).await.unwrap() else {
             panic!("a lapsed lease is taken over");
         };
         assert!(owner.takeover());
@@ -286,7 +286,7 @@ mod tests {
     async fn a_failing_store_is_an_error_never_a_claim() {
         let faults = Faults::seeded(1).fail_before(1.0);
         let idem = Idem::with_store(FaultyStore::new(MemoryStore::new(), faults));
-        assert!(claim(&idem, intent(1, 30_000)).await.is_err());
+        assert!(claim(&idem, &intent(1, 30_000)).await.is_err());
     }
 
     #[test]

@@ -230,7 +230,8 @@ where
     };
     crate::current::note_call(name, key);
     let (scope, idem) = (&scope, scope.idem());
-    crate::telemetry::observe(tool, scope.tenant(), key, async move |_| {
+    let observed = crate::telemetry::Observation::start(tool, scope.tenant(), key);
+    let call = async move {
         let store = postgres(idem, name)?;
         let wait = tool.effective_wait();
         let now = idem.clock().now();
@@ -251,8 +252,10 @@ where
         let transaction = D::transact(store, Some(request), wait, E::MAY_STORE, body, settle);
         let ran = crate::current::run_as(name, key, Arc::default(), transaction).await?;
         answer::<T, E, H>(name, key, now, request.lease, ran)
-    })
-    .await
+    };
+    let result = observed.within(call).await;
+    observed.finish(&result);
+    result
 }
 
 /// The outcome of a transactional call, from how its transaction ended.

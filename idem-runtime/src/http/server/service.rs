@@ -176,7 +176,7 @@ impl Config {
             orphans: Orphans::TakeOver,
         };
         let claimed =
-            match claim(idem, intent).await {
+            match claim(idem, &intent).await {
                 Ok(Claiming::Acquired(claimed)) => claimed,
                 Err(e) => {
                     return unwrap_full(self.problem(
