@@ -245,27 +245,35 @@ fn markdown(results: &Results) -> String {
             ));
         }
     }
-    if let Some(alternated) = results.alternated("sqlite")
-        && let Some((_, first)) = alternated.first()
-    {
-        out.push_str("\n## Replay ratios timed in alternation\n\n");
-        out.push_str(&format!(
-            "The SQLite replay ratios above again, measured so that the machine's drift stays out \
-             of them: {} rounds, each timing {} calls of idem and {} of its baseline one \
-             after the other (which side goes first alternates), each round giving one ratio of \
-             the two rates. Two criterion benches run seconds apart, and this machine's speed \
-             varies by a quarter from one minute to the next; the two halves of a round run \
-             milliseconds apart.\n\n",
-            first.rounds, first.block, first.block
-        ));
+    let sqlite = results.alternated("sqlite").unwrap_or_default();
+    let shared = results.alternated("shared").unwrap_or_default();
+    if !sqlite.is_empty() || !shared.is_empty() {
+        out.push_str("\n## Ratios timed in alternation\n\n");
         out.push_str(
-            "| comparison | median ratio | quartiles |\n\
-             |---|---|---|\n",
+            "The ratios above again, measured so that the machine's drift stays out of them: \
+             rounds of a block of calls of idem and the same of its baseline one after the other \
+             (which side goes first alternates), each round giving one ratio of the two rates; \
+             the median over the rounds and its quartiles. Two criterion benches run seconds \
+             apart, and this machine's speed varies by a quarter from one minute to the next; \
+             the two halves of a round run milliseconds apart. The scaling rows time four blocks \
+             a round (idem with 1 caller and with 8, the raw writes with 1 and with 8) and give \
+             idem's speed-up over the raw writes' own.\n\n",
         );
-        for (name, spread) in alternated {
+        out.push_str(
+            "| comparison | median ratio | quartiles | rounds × calls |\n\
+             |---|---|---|---|\n",
+        );
+        let sqlite = sqlite
+            .into_iter()
+            .map(|(name, s)| (format!("SQLite: {name}"), s));
+        for (name, spread) in sqlite.chain(shared) {
             out.push_str(&format!(
-                "| {name} | {:.2}× | {:.2}–{:.2}× |\n",
-                spread.median, spread.low_quartile, spread.high_quartile
+                "| {name} | {:.2}× | {:.2}–{:.2}× | {} × {} |\n",
+                spread.median,
+                spread.low_quartile,
+                spread.high_quartile,
+                spread.rounds,
+                spread.block
             ));
         }
     }
@@ -319,7 +327,7 @@ fn markdown(results: &Results) -> String {
         if let Some(alternated) = results.alternated("http") {
             for (name, spread) in alternated {
                 out.push_str(&format!(
-                    "\nTimed in alternation with the bare handler (as the SQLite replay ratios \
+                    "\nTimed in alternation with the bare handler (as the ratios \
                      above): {name}, {:.2}× (median of {} rounds of {} requests a side; \
                      quartiles {:.2}–{:.2}×).\n",
                     spread.median,

@@ -28,9 +28,12 @@ use idem::{Idem, idempotent};
 
 mod support;
 use support::{
-    Payment, RawArgs, criterion_dir, median_ns, payment_json, ratio_row, raw_key, register_payment,
-    runtime,
+    Payment, RawArgs, Spread, alternated_summary, alternating_in, criterion_dir, median_ns,
+    payment_json, ratio_row, raw_key, register_payment, runtime, scaling, wanted,
 };
+
+/// The ratios timed in alternation, by name (`alternating-shared.json`).
+type Alternated = Vec<(String, Spread)>;
 
 /// A tenant of this run only, so reruns against the same server never meet old records.
 fn run_tenant() -> String {
@@ -297,17 +300,22 @@ fn replay<R: Raw>(
     url: &str,
     raw: &Arc<R>,
     rt: &tokio::runtime::Runtime,
+    alternated: &mut Alternated,
 ) {
     let mut group = c.benchmark_group(format!("{backend}_replay"));
     group.throughput(Throughput::Elements(1));
     group.warm_up_time(Duration::from_secs(1));
     group.measurement_time(Duration::from_secs(4));
     let call = || register_payment("run-1".into(), 7, "cus_42".into(), 500);
+    let mut uncached = None;
     for (name, query) in [("idem", ""), ("idem_no_cache", "replay_cache=0")] {
         let url = with_option(url, query);
         let idem = rt.block_on(Idem::open(&url)).expect("open");
         let tenant = idem.scope(run_tenant());
         assert!(rt.block_on(tenant.run(call())).expect("call").is_fresh());
+        if name == "idem_no_cache" {
+            uncached = Some(tenant.clone());
+        }
         group.bench_function(name, |b| {
             let tenant = tenant.clone();
             sequential(b, rt, move |_| {
@@ -321,7 +329,7 @@ fn replay<R: Raw>(
         });
     }
     let raw = raw.clone();
-    group.bench_function("raw_lookup", move |b| {
+    group.bench_function("raw_lookup", |b| {
         let raw = raw.clone();
         sequential(b, rt, move |_| {
             let raw = raw.clone();
@@ -329,6 +337,16 @@ fn replay<R: Raw>(
         })
     });
     group.finish();
+    if wanted(&format!("{backend}_replay")) {
+        // A replay from another process (no cache) against the raw lookup, a round trip each.
+        let uncached = uncached.expect("measured above");
+        let ours = || async {
+            let out = uncached.run(call()).await.expect("call");
+            assert!(out.is_replayed());
+        };
+        let spread = alternating_in(rt, 101, 100, ours, || raw.lookup());
+        alternated.push((format!("{backend}: replay, cache off"), spread));
+    }
 }
 
 fn fresh<R: Raw>(
@@ -337,6 +355,7 @@ fn fresh<R: Raw>(
     url: &str,
     raw: &Arc<R>,
     rt: &tokio::runtime::Runtime,
+    alternated: &mut Alternated,
 ) {
     let mut group = c.benchmark_group(format!("{backend}_fresh"));
     group.throughput(Throughput::Elements(1));
@@ -370,6 +389,13 @@ fn fresh<R: Raw>(
         paired(b, rt, theirs.clone(), ours.clone())
     });
     group.finish();
+    if wanted(&format!("{backend}_fresh")) {
+        // New numbers for both sides, far above the criterion benches' own.
+        let next = AtomicU64::new(1 << 42);
+        let step = || next.fetch_add(1, Ordering::Relaxed);
+        let spread = alternating_in(rt, 51, 40, || ours(step()), || theirs(step()));
+        alternated.push((format!("{backend}: fresh"), spread));
+    }
 }
 
 fn fresh_concurrent<R: Raw>(
@@ -378,6 +404,7 @@ fn fresh_concurrent<R: Raw>(
     url: &str,
     raw: &Arc<R>,
     rt: &tokio::runtime::Runtime,
+    alternated: &mut Alternated,
 ) {
     let idem = rt.block_on(Idem::open(url)).expect("open");
     let tenant = idem.scope(run_tenant());
@@ -390,7 +417,15 @@ fn fresh_concurrent<R: Raw>(
             assert!(tenant.run(call).await.expect("call").is_fresh());
         }
     };
-    support::concurrent_callers(c, &group, "idem", &[1, 8, 64], measurement, rt, ours);
+    support::concurrent_callers(
+        c,
+        &group,
+        "idem",
+        &[1, 8, 64],
+        measurement,
+        rt,
+        ours.clone(),
+    );
     // Postgres spreads the raw callers over its connections (one each); Redis shares one
     // multiplexed connection, as idem does. Keys far above the other groups' numbers.
     let raw = raw.clone();
@@ -405,8 +440,17 @@ fn fresh_concurrent<R: Raw>(
         &[1, 8],
         measurement,
         rt,
-        theirs,
+        theirs.clone(),
     );
+    if wanted(&group) {
+        // idem's speed-up from 1 to 8 callers over the raw writes' own, each round's four
+        // blocks milliseconds apart.
+        let spread = scaling(rt, 31, 96, 8, ours, theirs);
+        alternated.push((
+            format!("{backend}: 8 callers vs 1, over the raw writes' own"),
+            spread,
+        ));
+    }
 }
 
 /// The order table's own connection, for the tool written without a transaction: what its body
@@ -555,6 +599,7 @@ fn main() {
     let mut c = Criterion::default()
         .output_directory(&criterion_dir())
         .configure_from_args();
+    let mut alternated = Alternated::new();
     let postgres = std::env::var("IDEM_TEST_POSTGRES_URL").ok();
     let redis = std::env::var("IDEM_TEST_REDIS_URL").ok();
     match &postgres {
@@ -569,9 +614,9 @@ fn main() {
                 &format!("schema={ours}"),
             );
             let raw = Arc::new(rt.block_on(RawPostgres::connect(&server, &theirs, 8)));
-            replay(&mut c, "postgres", &url, &raw, &rt);
-            fresh(&mut c, "postgres", &url, &raw, &rt);
-            fresh_concurrent(&mut c, "postgres", &url, &raw, &rt);
+            replay(&mut c, "postgres", &url, &raw, &rt, &mut alternated);
+            fresh(&mut c, "postgres", &url, &raw, &rt, &mut alternated);
+            fresh_concurrent(&mut c, "postgres", &url, &raw, &rt, &mut alternated);
             // The order table beside idem's records; `search_path` lets the tools say
             // `bench_orders` on both connections.
             let path = format!("options=-csearch_path%3D{ours}");
@@ -599,9 +644,9 @@ fn main() {
     match &redis {
         Some(url) => {
             let raw = Arc::new(rt.block_on(RawRedis::connect(url)));
-            replay(&mut c, "redis", url, &raw, &rt);
-            fresh(&mut c, "redis", url, &raw, &rt);
-            fresh_concurrent(&mut c, "redis", url, &raw, &rt);
+            replay(&mut c, "redis", url, &raw, &rt, &mut alternated);
+            fresh(&mut c, "redis", url, &raw, &rt, &mut alternated);
+            fresh_concurrent(&mut c, "redis", url, &raw, &rt, &mut alternated);
         }
         None => println!("skipped Redis: set IDEM_TEST_REDIS_URL"),
     }
@@ -612,4 +657,5 @@ fn main() {
     if redis.is_some() {
         summary("redis", "Redis");
     }
+    alternated_summary("shared", "Postgres and Redis", &alternated);
 }

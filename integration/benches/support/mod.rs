@@ -201,6 +201,10 @@ pub const BLOCK: usize = 400;
 /// The median of the ratios of an [`alternating`] measurement, and its quartiles.
 #[derive(Debug, Clone, Copy)]
 pub struct Spread {
+    /// Rounds measured, each giving one ratio.
+    pub rounds: usize,
+    /// Calls of each side in a round.
+    pub block: usize,
     pub median: f64,
     pub low_quartile: f64,
     pub high_quartile: f64,
@@ -212,67 +216,168 @@ pub struct Spread {
 /// milliseconds of each other, so the machine's drift over a run (a quarter from one minute to
 /// the next on a shared VM) stays out of the ratio; between two criterion benches measured
 /// seconds apart, it does not.
-pub fn alternating<A, AF, B, BF>(rt: &tokio::runtime::Runtime, mut ours: A, mut theirs: B) -> Spread
+pub fn alternating<A, AF, B, BF>(rt: &tokio::runtime::Runtime, ours: A, theirs: B) -> Spread
 where
     A: FnMut() -> AF,
     AF: Future,
     B: FnMut() -> BF,
     BF: Future,
 {
-    async fn timed<F: FnMut() -> Fut, Fut: Future>(call: &mut F) -> Duration {
+    alternating_in(rt, ROUNDS, BLOCK, ours, theirs)
+}
+
+/// [`alternating`], in `rounds` rounds of `block` calls a side: for calls too slow for the
+/// defaults (a store round trip, a commit).
+pub fn alternating_in<A, AF, B, BF>(
+    rt: &tokio::runtime::Runtime,
+    rounds: usize,
+    block: usize,
+    mut ours: A,
+    mut theirs: B,
+) -> Spread
+where
+    A: FnMut() -> AF,
+    AF: Future,
+    B: FnMut() -> BF,
+    BF: Future,
+{
+    async fn timed<F: FnMut() -> Fut, Fut: Future>(call: &mut F, block: usize) -> Duration {
         let start = Instant::now();
-        for _ in 0..BLOCK {
+        for _ in 0..block {
             std::hint::black_box(call().await);
         }
         start.elapsed()
     }
-    let mut ratios = rt.block_on(async {
+    let ratios = rt.block_on(async {
         // One round unmeasured, to warm both sides.
-        timed(&mut ours).await;
-        timed(&mut theirs).await;
-        let mut ratios = Vec::with_capacity(ROUNDS);
-        for round in 0..ROUNDS {
+        timed(&mut ours, block).await;
+        timed(&mut theirs, block).await;
+        let mut ratios = Vec::with_capacity(rounds);
+        for round in 0..rounds {
             let (ours_took, theirs_took) = if round % 2 == 0 {
-                let o = timed(&mut ours).await;
-                (o, timed(&mut theirs).await)
+                let o = timed(&mut ours, block).await;
+                (o, timed(&mut theirs, block).await)
             } else {
-                let t = timed(&mut theirs).await;
-                (timed(&mut ours).await, t)
+                let t = timed(&mut theirs, block).await;
+                (timed(&mut ours, block).await, t)
             };
             ratios.push(theirs_took.as_secs_f64() / ours_took.as_secs_f64());
         }
         ratios
     });
+    spread(ratios, block)
+}
+
+/// How idem's calls scale from 1 caller to `callers` concurrent callers, over how the
+/// baseline's scale on the same server, timed in alternation: each of `rounds` rounds times
+/// `block` calls of idem with 1 caller and with `callers` callers (tasks on the runtime), then the
+/// same of the baseline (which side goes first alternates), and gives one ratio of the two
+/// speed-ups. `call(n)` gets a number never passed before.
+pub fn scaling<A, AF, B, BF>(
+    rt: &tokio::runtime::Runtime,
+    rounds: usize,
+    block: usize,
+    callers: usize,
+    ours: A,
+    theirs: B,
+) -> Spread
+where
+    A: Fn(u64) -> AF + Clone + Send + Sync + 'static,
+    AF: Future<Output = ()> + Send,
+    B: Fn(u64) -> BF + Clone + Send + Sync + 'static,
+    BF: Future<Output = ()> + Send,
+{
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    async fn timed<F, Fut>(call: &F, callers: usize, block: usize, next: &Arc<AtomicU64>) -> f64
+    where
+        F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        let start = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for caller in 0..callers {
+            let calls = block / callers + usize::from(caller < block % callers);
+            let (call, next) = (call.clone(), next.clone());
+            tasks.spawn(async move {
+                for _ in 0..calls {
+                    call(next.fetch_add(1, Ordering::Relaxed)).await;
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.expect("task");
+        }
+        start.elapsed().as_secs_f64()
+    }
+    /// The speed-up from 1 caller to `callers`: the ratio of the two blocks' times.
+    async fn speedup<F, Fut>(call: &F, callers: usize, block: usize, next: &Arc<AtomicU64>) -> f64
+    where
+        F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        let alone = timed(call, 1, block, next).await;
+        alone / timed(call, callers, block, next).await
+    }
+    let next = Arc::new(AtomicU64::new(1 << 41));
+    let ratios = rt.block_on(async {
+        speedup(&ours, callers, block, &next).await;
+        speedup(&theirs, callers, block, &next).await;
+        let mut ratios = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            let (o, t) = if round % 2 == 0 {
+                let o = speedup(&ours, callers, block, &next).await;
+                (o, speedup(&theirs, callers, block, &next).await)
+            } else {
+                let t = speedup(&theirs, callers, block, &next).await;
+                (speedup(&ours, callers, block, &next).await, t)
+            };
+            ratios.push(o / t);
+        }
+        ratios
+    });
+    spread(ratios, block)
+}
+
+/// The median and quartiles of `ratios`, one for each round of `block` calls.
+fn spread(mut ratios: Vec<f64>, block: usize) -> Spread {
     ratios.sort_by(f64::total_cmp);
+    let n = ratios.len();
     Spread {
-        median: ratios[ROUNDS / 2],
-        low_quartile: ratios[ROUNDS / 4],
-        high_quartile: ratios[ROUNDS * 3 / 4],
+        rounds: n,
+        block,
+        median: ratios[n / 2],
+        low_quartile: ratios[n / 4],
+        high_quartile: ratios[n * 3 / 4],
     }
 }
 
 /// Prints the ratios `bench` timed in alternation under `title`, and writes them to
 /// `alternating-{bench}.json` beside criterion's output, for bench-report. Nothing when none ran.
-pub fn alternated_summary(bench: &str, title: &str, alternated: &[(&'static str, Spread)]) {
+pub fn alternated_summary<N: AsRef<str>>(bench: &str, title: &str, alternated: &[(N, Spread)]) {
     if alternated.is_empty() {
         return;
     }
-    println!(
-        "\n{title}, timed in alternation ({ROUNDS} rounds of {BLOCK} calls a side): median, quartiles"
-    );
+    println!("\n{title}, timed in alternation: median, quartiles (rounds × calls a side)");
     for (name, s) in alternated {
         println!(
-            "  {name:<48} {:.2} ({:.2}–{:.2})",
-            s.median, s.low_quartile, s.high_quartile
+            "  {:<56} {:.2} ({:.2}–{:.2}) ({} × {})",
+            name.as_ref(),
+            s.median,
+            s.low_quartile,
+            s.high_quartile,
+            s.rounds,
+            s.block
         );
     }
     let json: Vec<serde_json::Value> = alternated
         .iter()
         .map(|(name, s)| {
             serde_json::json!({
-                "name": name,
-                "rounds": ROUNDS,
-                "block": BLOCK,
+                "name": name.as_ref(),
+                "rounds": s.rounds,
+                "block": s.block,
                 "median": s.median,
                 "low_quartile": s.low_quartile,
                 "high_quartile": s.high_quartile,
