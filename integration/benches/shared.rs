@@ -12,7 +12,10 @@
 //!   and 8 (how far the server itself scales on this machine);
 //! - `transactional` (Postgres): a transactional tool inserting an order row (claim, INSERT and
 //!   record in one commit) vs the same tool written non-transactionally (the claim, the same
-//!   INSERT on a connection of its own, the completion: three commits).
+//!   INSERT on a connection of its own, the completion: three commits);
+//! - the replay with the cache off, the fresh call, and the speed-up from 1 to 8 callers over
+//!   the raw writes' own again, timed in alternation with the baseline
+//!   ([`support::alternating_in`], [`support::scaling`]), written to `alternating-shared.json`.
 //!
 //! `cargo bench --bench shared` prints the ratios at the end; a backend whose variable is unset
 //! is skipped with a note.
