@@ -4,6 +4,8 @@
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem::idempotent;
@@ -154,10 +156,6 @@ pub fn concurrent_callers<F, Fut>(
     F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::time::Instant;
-
     let mut group = c.benchmark_group(group);
     group.throughput(criterion::Throughput::Elements(1));
     group.sample_size(10);
@@ -170,28 +168,42 @@ pub fn concurrent_callers<F, Fut>(
             |b, &callers| {
                 b.to_async(rt).iter_custom(|iters| {
                     let (call, next) = (call.clone(), next.clone());
-                    async move {
-                        let start = Instant::now();
-                        let mut tasks = tokio::task::JoinSet::new();
-                        for caller in 0..callers {
-                            let calls = iters / callers + u64::from(caller < iters % callers);
-                            let (call, next) = (call.clone(), next.clone());
-                            tasks.spawn(async move {
-                                for _ in 0..calls {
-                                    call(next.fetch_add(1, Ordering::Relaxed)).await;
-                                }
-                            });
-                        }
-                        while let Some(done) = tasks.join_next().await {
-                            done.expect("task");
-                        }
-                        start.elapsed()
-                    }
+                    async move { among_callers(&call, callers, iters, &next).await }
                 })
             },
         );
     }
     group.finish();
+}
+
+/// Makes `calls` calls of `call`, shared among `callers` concurrent tasks on the runtime (the
+/// first `calls % callers` make one more), each call with the next number of `next`; how long
+/// they took, all of them.
+async fn among_callers<F, Fut>(
+    call: &F,
+    callers: u64,
+    calls: u64,
+    next: &Arc<AtomicU64>,
+) -> Duration
+where
+    F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for caller in 0..callers {
+        let calls = calls / callers + u64::from(caller < calls % callers);
+        let (call, next) = (call.clone(), next.clone());
+        tasks.spawn(async move {
+            for _ in 0..calls {
+                call(next.fetch_add(1, Ordering::Relaxed)).await;
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("task");
+    }
+    start.elapsed()
 }
 
 /// Rounds of an [`alternating`] measurement, and calls per side in each round.
@@ -287,38 +299,17 @@ where
     B: Fn(u64) -> BF + Clone + Send + Sync + 'static,
     BF: Future<Output = ()> + Send,
 {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    async fn timed<F, Fut>(call: &F, callers: usize, block: usize, next: &Arc<AtomicU64>) -> f64
-    where
-        F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send,
-    {
-        let start = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for caller in 0..callers {
-            let calls = block / callers + usize::from(caller < block % callers);
-            let (call, next) = (call.clone(), next.clone());
-            tasks.spawn(async move {
-                for _ in 0..calls {
-                    call(next.fetch_add(1, Ordering::Relaxed)).await;
-                }
-            });
-        }
-        while let Some(done) = tasks.join_next().await {
-            done.expect("task");
-        }
-        start.elapsed().as_secs_f64()
-    }
     /// The speed-up from 1 caller to `callers`: the ratio of the two blocks' times.
     async fn speedup<F, Fut>(call: &F, callers: usize, block: usize, next: &Arc<AtomicU64>) -> f64
     where
         F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send,
     {
-        let alone = timed(call, 1, block, next).await;
-        alone / timed(call, callers, block, next).await
+        let alone = among_callers(call, 1, block as u64, next).await;
+        alone.as_secs_f64()
+            / among_callers(call, callers as u64, block as u64, next)
+                .await
+                .as_secs_f64()
     }
     let next = Arc::new(AtomicU64::new(1 << 41));
     let ratios = rt.block_on(async {
