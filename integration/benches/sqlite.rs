@@ -13,8 +13,9 @@
 //!   on and off: fresh calls on SQLite, and calls whose error releases the key on the memory
 //!   store (nothing else to measure): what renewal costs a call shorter than its lease.
 //!
-//! - the replay ratios again, each side timed in alternation with the other
-//!   ([`support::alternating`]), written to `alternating-sqlite.json` beside criterion's output.
+//! - the replay ratios and the fresh call's again, each side timed in alternation with the
+//!   other ([`support::alternating`]), written to `alternating-sqlite.json` beside criterion's
+//!   output.
 //!
 //! `cargo bench --bench sqlite` prints the ratios at the end. All files live under the target
 //! directory, on the same disk.
@@ -254,7 +255,12 @@ fn replay_working_set(
     }
 }
 
-fn fresh(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
+fn fresh(
+    c: &mut Criterion,
+    dir: &Path,
+    rt: &tokio::runtime::Runtime,
+    alternated: &mut Vec<(&'static str, Spread)>,
+) {
     let mut group = c.benchmark_group("fresh");
     group.throughput(Throughput::Elements(1));
     group.sample_size(30);
@@ -281,44 +287,59 @@ fn fresh(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime) {
     });
 
     let conn = raw_connection(&dir.join("fresh-raw.db"));
-    let next = AtomicU64::new(0);
+    let raw_next = AtomicU64::new(0);
     group.bench_function("raw_insert_update", |b| {
-        b.iter(|| {
-            let n = next.fetch_add(1, Ordering::Relaxed);
-            // Keys hashed as a hand-written store would (random B-tree positions, like idem's).
-            let key = *idem::derive_key(
-                "tenant-a",
-                "raw",
-                &[idem::key::KeyPart::new(&n).expect("part")],
-            )
-            .as_bytes();
-            conn.prepare_cached(
-                "INSERT INTO raw VALUES ('tenant-a', ?1, ?2, 'in_flight', ?3, 30000, 0, ?4, NULL)",
-            )
-            .expect("prepare")
-            .execute(params![
-                &key[..],
-                &RawArgs::payment("run-1", n).fingerprint()[..],
-                n as i64,
-                86_400_000 + n as i64
-            ])
-            .expect("insert");
-            conn.prepare_cached(
-                "UPDATE raw SET status = 'completed', result = ?3, expires_at = ?5 \
-                 WHERE tenant = ?1 AND key = ?2 AND token = ?4",
-            )
-            .expect("prepare")
-            .execute(params![
-                "tenant-a",
-                &key[..],
-                payment_json(n),
-                n as i64,
-                86_400_000 + n as i64
-            ])
-            .expect("update");
-        })
+        b.iter(|| raw_two_writes(&conn, raw_next.fetch_add(1, Ordering::Relaxed)))
     });
     group.finish();
+    if wanted("fresh") {
+        // New numbers for both sides, far above the criterion benches' own.
+        let step = AtomicU64::new(1 << 42);
+        let tenant = &tenant;
+        let ours = || {
+            let n = step.fetch_add(1, Ordering::Relaxed);
+            async move {
+                let call = register_payment("run-1".into(), n, "cus_42".into(), 500);
+                assert!(tenant.run(call).await.expect("call").is_fresh());
+            }
+        };
+        let theirs = || {
+            raw_two_writes(&conn, step.fetch_add(1, Ordering::Relaxed));
+            std::future::ready(())
+        };
+        alternated.push(("fresh", support::alternating_in(rt, 51, 40, ours, theirs)));
+    }
+}
+
+/// A hand-written store's fresh call `n`: INSERT `in_flight` with the arguments' fingerprint,
+/// then UPDATE `completed` with the result, each its own durable commit.
+fn raw_two_writes(conn: &Connection, n: u64) {
+    // Keys hashed as a hand-written store would (random B-tree positions, like idem's).
+    let key = raw_key("tenant-a", n);
+    conn.prepare_cached(
+        "INSERT INTO raw VALUES ('tenant-a', ?1, ?2, 'in_flight', ?3, 30000, 0, ?4, NULL)",
+    )
+    .expect("prepare")
+    .execute(params![
+        &key[..],
+        &RawArgs::payment("run-1", n).fingerprint()[..],
+        n as i64,
+        86_400_000 + n as i64
+    ])
+    .expect("insert");
+    conn.prepare_cached(
+        "UPDATE raw SET status = 'completed', result = ?3, expires_at = ?5 \
+         WHERE tenant = ?1 AND key = ?2 AND token = ?4",
+    )
+    .expect("prepare")
+    .execute(params![
+        "tenant-a",
+        &key[..],
+        payment_json(n),
+        n as i64,
+        86_400_000 + n as i64
+    ])
+    .expect("update");
 }
 
 /// The benchmarked tool of `renewal`: like `register_payment`, but its body yields once, as any
@@ -502,10 +523,10 @@ fn main() {
     let mut alternated = Vec::new();
     replay(&mut c, &dir, &rt, &mut alternated);
     replay_working_set(&mut c, &dir, &rt, &mut alternated);
-    fresh(&mut c, &dir, &rt);
+    fresh(&mut c, &dir, &rt, &mut alternated);
     fresh_concurrent(&mut c, &dir, &rt);
     renewal(&mut c, &dir, &rt);
     c.final_summary();
     summary();
-    support::alternated_summary("sqlite", "SQLite replays, ratio of rates", &alternated);
+    support::alternated_summary("sqlite", "SQLite, ratio of rates", &alternated);
 }
