@@ -114,11 +114,7 @@ impl KeyPart {
 
     /// Gives the part's buffer to this thread's next [`KeyPart::new`].
     fn recycle(self) {
-        let mut buffer = self.0;
-        if buffer.capacity() <= MAX_SPARE_BYTES {
-            buffer.clear();
-            let _ = SPARE_PART.try_with(|spare| spare.set(buffer));
-        }
+        keep_spare(&SPARE_PART, self.0);
     }
 }
 
@@ -131,6 +127,14 @@ thread_local! {
 
 /// A buffer larger than this is freed, not kept for the next call.
 const MAX_SPARE_BYTES: usize = 4096;
+
+/// Keeps `buffer`, emptied, in the thread's `spare` for the next call, unless it is too large.
+fn keep_spare(spare: &'static std::thread::LocalKey<Cell<Vec<u8>>>, mut buffer: Vec<u8>) {
+    if buffer.capacity() <= MAX_SPARE_BYTES {
+        buffer.clear();
+        let _ = spare.try_with(|spare| spare.set(buffer));
+    }
+}
 
 /// A call's key parts, in order, written as [`derive_key`] hashes them: each its length (8
 /// bytes, big-endian), then its canonical JSON. What `#[idempotent]` collects: a call then
@@ -161,11 +165,7 @@ impl EncodedParts {
     pub(crate) fn derive(self, tenant: &str, tool: &str) -> IdempotencyKey {
         let mut h = key_hasher(tenant, tool, self.count);
         h.update(&self.bytes);
-        let mut bytes = self.bytes;
-        if bytes.capacity() <= MAX_SPARE_BYTES {
-            bytes.clear();
-            let _ = SPARE_PARTS.try_with(|spare| spare.set(bytes));
-        }
+        keep_spare(&SPARE_PARTS, self.bytes);
         IdempotencyKey(h.finalize().into())
     }
 }
