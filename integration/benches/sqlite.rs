@@ -29,7 +29,7 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use idem::Idem;
 use rusqlite::{Connection, params};
 use support::{
-    Payment, RawArgs, Spread, alternating, criterion_dir, median_ns, payment_json,
+    Payment, RawArgs, Spread, alternating, alternating_in, criterion_dir, median_ns, payment_json,
     ratio_row as row, raw_key, register_payment, runtime, wanted,
 };
 
@@ -148,6 +148,8 @@ fn raw_replay(conn: &Connection, args: &RawArgs<'_>) -> Payment {
 const WORKING_SET_CACHE_KIB: usize = 100;
 /// Working sets about 3× and 11× that cache.
 const WORKING_SETS: [u64; 2] = [1_000, 4_000];
+/// Calls a side over the rounds that time a working set in alternation, a whole cycle a round.
+const WORKING_SET_CALLS: usize = 200_000;
 
 fn replay_working_set(
     c: &mut Criterion,
@@ -215,7 +217,9 @@ fn replay_working_set(
     if !wanted("replay_working_set") {
         return;
     }
-    // Each side cycles over the working set on its own, as in the benches above.
+    // Each side cycles over the working set on its own, as in the benches above, a whole cycle
+    // a block: the records a full cache keeps are a part of the cycle, so a block of part of it
+    // would time some rounds with them and others without.
     let cycling = |cache_on: bool, size: u64| {
         let next = std::cell::Cell::new(0);
         let scope = if cache_on { &cached } else { &uncached };
@@ -246,11 +250,14 @@ fn replay_working_set(
             Some("4000 intents, cache on vs off"),
         ),
     ] {
-        alternated.push((on, alternating(rt, cycling(true, size), raw(size))));
-        alternated.push((off, alternating(rt, cycling(false, size), raw(size))));
+        let (rounds, block) = (WORKING_SET_CALLS / size as usize, size as usize);
+        let spread = alternating_in(rt, rounds, block, cycling(true, size), raw(size));
+        alternated.push((on, spread));
+        let spread = alternating_in(rt, rounds, block, cycling(false, size), raw(size));
+        alternated.push((off, spread));
         if let Some(name) = on_off {
-            let spread = alternating(rt, cycling(true, size), cycling(false, size));
-            alternated.push((name, spread));
+            let (on, off) = (cycling(true, size), cycling(false, size));
+            alternated.push((name, alternating_in(rt, rounds, block, on, off)));
         }
     }
 }

@@ -22,8 +22,8 @@
 //! - **Replays from memory.** A completed record cannot change before it expires, so replays
 //!   (and mismatches against it) found once are answered from a small in-process cache
 //!   (1 MiB by default, `replay_cache=N` KiB; records of up to 16 KiB, each trusted for at most
-//!   10 s; S3-FIFO eviction, so cycling over more intents than fit never flushes the ones asked
-//!   for again).
+//!   10 s; S3-FIFO eviction and TinyLFU admission, so cycling over more intents than fit keeps
+//!   a part of them answered from memory, and the other replays cost no copy into the cache).
 //!
 //! URL options: `sqlite://PATH?synchronous=full|normal&busy_timeout_ms=N&replay_cache=N`.
 //! `normal` survives a crash of the process but not a power loss; [`StoreHealth::durable`] says

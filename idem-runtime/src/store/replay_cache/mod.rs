@@ -11,14 +11,20 @@
 //! The cache is weighed in bytes (`replay_cache=N` KiB) and evicts by S3-FIFO (quick_cache): a
 //! record seen once enters a small probationary queue and leaves it unless it is asked for again,
 //! so an agent fleet cycling over more intents than fit never flushes the records asked for
-//! again and again.
+//! again and again. Once it is full, a record comes in only if its key was asked for more often
+//! lately than the last one evicted ([`admission`], TinyLFU): a replay the cache cannot answer
+//! then costs a lookup and a few counters, without copying its result into an entry that would
+//! leave before it is asked for again.
+
+mod admission;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use quick_cache::Weighter;
 use quick_cache::sync::Cache;
+use quick_cache::{DefaultHashBuilder, Lifecycle, Weighter};
 
+use self::admission::Admission;
 use super::{Claim, ClaimRequest, UnixMillis, after};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
@@ -71,8 +77,22 @@ impl Weighter<IdempotencyKey, Arc<Entry>> for Bytes {
     }
 }
 
+/// Tells the admission policy which keys the cache evicts.
+#[derive(Clone)]
+struct Evictions(Arc<Admission>);
+
+impl Lifecycle<IdempotencyKey, Arc<Entry>> for Evictions {
+    type RequestState = ();
+
+    fn on_evict(&self, _: &mut (), key: IdempotencyKey, _: Arc<Entry>) {
+        self.0.evicted(&key);
+    }
+}
+
+type Entries = Cache<IdempotencyKey, Arc<Entry>, Bytes, DefaultHashBuilder, Evictions>;
+
 pub(crate) struct ReplayCache {
-    entries: Option<Cache<IdempotencyKey, Arc<Entry>, Bytes>>,
+    entries: Option<(Entries, Arc<Admission>)>,
 }
 
 impl ReplayCache {
@@ -82,17 +102,30 @@ impl ReplayCache {
         ReplayCache {
             entries: (bytes > 0).then(|| {
                 // The estimate sizes the table up front: entries of a few hundred bytes.
-                Cache::with_weighter((bytes / 256).max(16), bytes as u64, Bytes)
+                let estimate = (bytes / 256).max(16);
+                let admission = Arc::new(Admission::new(estimate));
+                let entries = Cache::with(
+                    estimate,
+                    bytes as u64,
+                    Bytes,
+                    DefaultHashBuilder::default(),
+                    Evictions(admission.clone()),
+                );
+                (entries, admission)
             }),
         }
     }
 
-    /// The answer for `req`, if a live completed record of its tenant + key is cached.
+    /// The answer for `req`, if a live completed record of its tenant + key is cached. Every
+    /// question counts towards the key's popularity, answered or not.
     pub(crate) fn get(&self, req: &ClaimRequest<'_>) -> Option<Claim> {
-        let entries = self.entries.as_ref()?;
+        let (entries, admission) = self.entries.as_ref()?;
+        admission.count(&req.key);
         let entry = entries.get(&req.key)?;
         if entry.trusted_until <= req.now {
-            entries.remove(&req.key);
+            if entries.remove(&req.key).is_some() {
+                admission.removed();
+            }
             return None;
         }
         if entry.tenant() != req.tenant.as_bytes() {
@@ -108,12 +141,13 @@ impl ReplayCache {
     }
 
     /// Remembers the completed record that answered `req` (a replay: its fingerprint is the
-    /// request's) with `result`, until `expires_at`.
+    /// request's) with `result`, until `expires_at`, if the cache admits it: when full, only a
+    /// key asked for more often lately than the last one evicted comes in.
     pub(crate) fn put(&self, req: &ClaimRequest<'_>, result: &[u8], expires_at: UnixMillis) {
-        let Some(entries) = &self.entries else {
+        let Some((entries, admission)) = &self.entries else {
             return;
         };
-        if result.len() > MAX_RESULT {
+        if result.len() > MAX_RESULT || !admission.admits(&req.key) {
             return;
         }
         let entry = Entry {
@@ -128,6 +162,8 @@ impl ReplayCache {
 
 #[cfg(test)]
 mod tests {
+    use sha2::Digest as _;
+
     use super::*;
     use crate::key::derive_key;
     use crate::store::Orphans;
@@ -213,6 +249,79 @@ mod tests {
         let off = ReplayCache::new(0);
         off.put(&req("t", derive_key("t", "x", &[]), 1, 0), b"r", 100);
         assert_eq!(off.get(&req("t", derive_key("t", "x", &[]), 1, 1)), None);
+    }
+
+    /// Replays cycling over ten times the intents that fit, as the claims ask the cache (a get,
+    /// then a put on a miss): without admission every record enters and leaves before it is asked
+    /// for again, and no replay is ever answered from memory. With it, the cache keeps a fixed
+    /// part of the cycle and answers it at every turn, and the other misses leave it alone.
+    #[test]
+    fn a_cycle_over_ten_times_what_fits_keeps_a_part_of_it() {
+        let cache = ReplayCache::new(64);
+        let fits = 64 * 1024 / (ENTRY_OVERHEAD + 101);
+        let keys: Vec<_> = (0..10 * fits as u32)
+            .map(|n| {
+                let mut bytes = [0; 32];
+                bytes[..4].copy_from_slice(&n.to_le_bytes());
+                IdempotencyKey::from_bytes(sha2::Sha256::digest(bytes).into())
+            })
+            .collect();
+        let (entries, _) = cache.entries.as_ref().unwrap();
+        let mut per_round = Vec::new();
+        for _ in 0..8 {
+            let mut hits = 0;
+            let mut admitted = 0;
+            for k in &keys {
+                let r = req("t", *k, 1, 1);
+                if cache.get(&r).is_some() {
+                    hits += 1;
+                } else {
+                    cache.put(&r, &[0; 100], 100);
+                    admitted += usize::from(entries.peek(k).is_some());
+                }
+            }
+            per_round.push((hits, admitted));
+        }
+        for &(hits, admitted) in &per_round[3..] {
+            assert!(
+                hits >= fits / 2 && admitted <= fits / 4,
+                "(replays answered from memory, records taken in) per round of {} with {fits} \
+                 fitting: {per_round:?}",
+                keys.len()
+            );
+        }
+    }
+
+    /// Entries of a full cache are trusted for [`MAX_AGE`], then read from the store again: they
+    /// come back in, as popular as ever, instead of leaving the cache empty.
+    #[test]
+    fn a_full_cache_takes_back_the_records_it_trusted_long_enough() {
+        let cache = ReplayCache::new(8);
+        let keys: Vec<_> = (0..100u32)
+            .map(|n| IdempotencyKey::from_bytes(sha2::Sha256::digest(n.to_le_bytes()).into()))
+            .collect();
+        for k in &keys {
+            let r = req("t", *k, 1, 1);
+            if cache.get(&r).is_none() {
+                cache.put(&r, &[0; 100], u64::MAX);
+            }
+        }
+        let kept: Vec<_> = keys
+            .iter()
+            .filter(|k| cache.get(&req("t", **k, 1, 2)).is_some())
+            .collect();
+        assert!(!kept.is_empty());
+        let later = 2 + u64::try_from(MAX_AGE.as_millis()).unwrap();
+        for k in &kept {
+            let r = req("t", **k, 1, later);
+            assert_eq!(cache.get(&r), None, "trusted long enough");
+            cache.put(&r, &[0; 100], u64::MAX);
+        }
+        let back = kept
+            .iter()
+            .filter(|k| cache.get(&req("t", ***k, 1, later + 1)).is_some())
+            .count();
+        assert_eq!(back, kept.len());
     }
 
     /// A working set twice the cache, cycled through over and over (an agent fleet replaying
