@@ -40,6 +40,8 @@ const CLAIM_TYPES: &[Type] = &[
     Type::INT8,
     Type::INT2,
 ];
+/// Tenant, key, now, fingerprint, orphans.
+const READ_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA, Type::INT8, Type::BYTEA, Type::INT2];
 const KEY_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA];
 const FENCED_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA, Type::INT8];
 
@@ -55,6 +57,12 @@ pub(super) struct Sql {
     /// else (expired, lapsed lease, this claim sent again, a concurrent insert) answers `-1` or
     /// no row, and the claim goes to [`Sql::claim`].
     pub(super) claim_fast: Statement,
+    /// The answers of [`Sql::claim_fast`] that write nothing, from a plain read: replay,
+    /// mismatch, in flight, unknown; `-1` for what only the function decides, no row for a new
+    /// key. Sent first when most claims lately were answered so ([`ReadFirst`]).
+    ///
+    /// [`ReadFirst`]: super::read_first::ReadFirst
+    pub(super) claim_read: Statement,
     /// The whole decision table: the schema's function `idem_claim`.
     pub(super) claim: Statement,
     pub(super) complete: Statement,
@@ -102,6 +110,18 @@ impl Sql {
                  FROM held h"
                 ),
                 CLAIM_TYPES,
+            ),
+            claim_read: statement(
+                format!(
+                    "SELECT CASE WHEN expires_at <= $3::bigint THEN -1 \
+                 WHEN fingerprint <> $4::bytea THEN 2 \
+                 WHEN status = 'completed' THEN 3 \
+                 WHEN status = 'unknown' THEN CASE WHEN $5::smallint = 1 THEN -1 ELSE 5 END \
+                 WHEN lease_expires_at > $3 THEN 4 \
+                 ELSE -1 END::smallint, NULL::bigint, lease_expires_at, expires_at, result \
+                 FROM {t} WHERE tenant = $1::text AND key = $2::bytea"
+                ),
+                READ_TYPES,
             ),
             claim: statement(
                 format!(

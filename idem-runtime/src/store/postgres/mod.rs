@@ -12,6 +12,11 @@
 //!   claim that only reads takes no lock and writes nothing; a claim that writes does it with a
 //!   conditional statement that the server re-checks under the row lock (the insert by its
 //!   primary key), so concurrent claims of one key from any number of processes have one winner.
+//! - **Replay storms read.** While most claims lately found a record and answered without
+//!   writing (a fleet retrying after an outage), a claim first sends a plain `SELECT`, cheaper for
+//!   the server than the statement that may insert, and goes on to that statement only for a new
+//!   key or what the function decides (one round trip more for those); otherwise it goes
+//!   straight to the claim statement. Both answer the same (see `read_first.rs`).
 //! - **Durable claims.** The claim commits before [`Claim::Acquired`] is answered; with the
 //!   server's defaults (`fsync=on`, `synchronous_commit=on`) that commit survives a crash of
 //!   the server. [`StoreHealth::durable`] reports the server's settings.
@@ -57,6 +62,7 @@ use crate::store::{
 mod admin;
 mod claim;
 mod options;
+mod read_first;
 mod schema;
 #[cfg(feature = "sqlx")]
 mod sqlx;
@@ -76,6 +82,7 @@ pub use self::schema::SCHEMA_VERSION;
 pub use self::tls::{SslMode, TlsOptions};
 
 use self::claim::{Sql, Statement, decode_claim, decode_record};
+use self::read_first::ReadFirst;
 
 const BACKEND: &str = "postgres";
 
@@ -89,6 +96,8 @@ struct Inner {
     pool: Pool,
     sql: Sql,
     replays: ReplayCache,
+    /// Whether a claim reads before it claims, as the claims lately were answered.
+    read_first: ReadFirst,
     /// Whether connections are encrypted, as far as this store knows (see [`Store::health`]).
     encryption: Encryption,
     /// Whether statements go unnamed (see [`PostgresOptions::transaction_pooler`]).
@@ -343,6 +352,7 @@ impl PostgresStore {
                 pool,
                 sql: Sql::new(&options.schema),
                 replays: ReplayCache::new(options.replay_cache),
+                read_first: ReadFirst::default(),
                 encryption,
                 transaction_pooler: options.transaction_pooler,
                 response_timeout: options.response_timeout,
@@ -444,23 +454,46 @@ impl Store for PostgresStore {
             if let Some(answer) = replays.get(&req) {
                 return Ok(answer);
             }
+            let (sql, read_first) = (&self.inner.sql, &self.inner.read_first);
             let token = FencingToken::generate();
+            let (key, fingerprint) = (&req.key.as_bytes()[..], &req.fingerprint.as_bytes()[..]);
+            let (now, orphans) = (db_time(req.now), orphans_code(req.orphans));
             let params: [&(dyn ToSql + Sync); 9] = [
                 &req.tenant,
-                &&req.key.as_bytes()[..],
+                &key,
                 &req.tool,
-                &&req.fingerprint.as_bytes()[..],
+                &fingerprint,
                 &(token.get() as i64),
-                &db_time(req.now),
+                &now,
                 &db_millis(req.lease),
                 &db_millis(req.ttl),
-                &orphans_code(req.orphans),
+                &orphans,
             ];
-            let rows = self.query(OP, &self.inner.sql.claim_fast, &params).await?;
-            if let Some(row) = rows.first().filter(|row| row.get::<_, i16>(0) >= 0) {
-                return decode_claim(row, token, req, replays);
+            // Only the function decides what the read or the plain claim answers with -1.
+            let mut decided_by_function = false;
+            if read_first.wanted() {
+                let read: [&(dyn ToSql + Sync); 5] =
+                    [&req.tenant, &key, &now, &fingerprint, &orphans];
+                let rows = self.query(OP, &sql.claim_read, &read).await?;
+                match rows.first().map(|row| (row, row.get::<_, i16>(0))) {
+                    Some((row, decision)) if decision >= 0 => {
+                        read_first.note(true);
+                        return decode_claim(row, token, req, replays);
+                    }
+                    Some(_) => decided_by_function = true,
+                    None => {}
+                }
             }
-            let rows = self.query(OP, &self.inner.sql.claim, &params).await?;
+            if !decided_by_function {
+                let rows = self.query(OP, &sql.claim_fast, &params).await?;
+                if let Some(row) = rows.first().filter(|row| row.get::<_, i16>(0) >= 0) {
+                    let claim = decode_claim(row, token, req, replays)?;
+                    read_first.note(!matches!(claim, Claim::Acquired { .. }));
+                    return Ok(claim);
+                }
+            }
+            read_first.note(false);
+            let rows = self.query(OP, &sql.claim, &params).await?;
             let row = rows
                 .first()
                 .ok_or_else(|| corrupt(OP, "the claim answered no row"))?;
@@ -677,6 +710,7 @@ mod tests {
         let sql = &store.inner.sql;
         for statement in [
             &sql.claim_fast,
+            &sql.claim_read,
             &sql.claim,
             &sql.complete,
             &sql.complete_or_abort,
@@ -707,6 +741,19 @@ mod tests {
         }
         crate::store_conformance_tests!(maybe: store());
         crate::admin_conformance_tests!(maybe: store());
+
+        /// The same contract with every claim reading first, as after a run of replays: the
+        /// read answers what it may, and leaves the rest to the claim statement.
+        mod read_first {
+            async fn store() -> Option<super::super::PostgresStore> {
+                let mut store = super::store().await?;
+                std::sync::Arc::get_mut(&mut store.inner)
+                    .expect("a store just opened is not shared")
+                    .read_first = super::super::ReadFirst::always();
+                Some(store)
+            }
+            crate::store_conformance_tests!(maybe: store());
+        }
 
         /// The same contract on a store over a pool its user built, in a schema of its own.
         mod own_pool {
