@@ -31,8 +31,9 @@ struct Block([AtomicU64; 8]);
 /// How often each key was asked for lately: a count-min sketch of 4 counters per key, halved
 /// every [`PERIOD_PER_ENTRY`] accesses per expected entry.
 ///
-/// Counters are read and written with relaxed atomics: two threads counting the same key at the
-/// same instant may count it once, which moves an estimate by one and nothing else.
+/// Counters are read and written with relaxed atomics, without a lock: a count made while the
+/// counters are being halved may be lost, and two counts of a key at its saturation may both
+/// pass it; either moves an estimate by one and nothing else.
 pub(crate) struct Sketch {
     blocks: Box<[Block]>,
     /// Counted since the last halving.
