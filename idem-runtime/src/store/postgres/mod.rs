@@ -469,22 +469,21 @@ impl Store for PostgresStore {
                 &db_millis(req.ttl),
                 &orphans,
             ];
-            // Only the function decides what the read or the plain claim answers with -1.
-            let mut decided_by_function = false;
-            if read_first.wanted() {
+            // Only the function decides what the read or the plain claim answers with -1; a
+            // read that finds no record leaves a new key to the plain claim.
+            let for_the_function = read_first.wanted() && {
                 let read: [&(dyn ToSql + Sync); 5] =
                     [&req.tenant, &key, &now, &fingerprint, &orphans];
                 let rows = self.query(OP, &sql.claim_read, &read).await?;
-                match rows.first().map(|row| (row, row.get::<_, i16>(0))) {
-                    Some((row, decision)) if decision >= 0 => {
+                match rows.first() {
+                    Some(row) if row.get::<_, i16>(0) >= 0 => {
                         read_first.note(true);
                         return decode_claim(row, token, req, replays);
                     }
-                    Some(_) => decided_by_function = true,
-                    None => {}
+                    found => found.is_some(),
                 }
-            }
-            if !decided_by_function {
+            };
+            if !for_the_function {
                 let rows = self.query(OP, &sql.claim_fast, &params).await?;
                 if let Some(row) = rows.first().filter(|row| row.get::<_, i16>(0) >= 0) {
                     let claim = decode_claim(row, token, req, replays)?;
