@@ -170,13 +170,8 @@ impl Admission {
 
 #[cfg(test)]
 mod tests {
-    use sha2::Digest as _;
-
+    use super::super::tests::spread_key as key;
     use super::*;
-
-    fn key(n: u32) -> IdempotencyKey {
-        IdempotencyKey::from_bytes(sha2::Sha256::digest(n.to_le_bytes()).into())
-    }
 
     #[test]
     fn counts_saturate_and_fade_by_halves() {

@@ -172,6 +172,12 @@ mod tests {
         IdempotencyKey::from_bytes([n; 32])
     }
 
+    /// The `n`th of many keys spread as derived keys are (a digest), for the admission policy,
+    /// which counts a key by its first bytes.
+    pub(super) fn spread_key(n: u32) -> IdempotencyKey {
+        IdempotencyKey::from_bytes(sha2::Sha256::digest(n.to_le_bytes()).into())
+    }
+
     /// A claim of `key` in `tenant` with fingerprint `fp`, made at `now`.
     fn req(tenant: &str, key: IdempotencyKey, fp: u8, now: UnixMillis) -> ClaimRequest<'_> {
         ClaimRequest {
@@ -259,13 +265,7 @@ mod tests {
     fn a_cycle_over_ten_times_what_fits_keeps_a_part_of_it() {
         let cache = ReplayCache::new(64);
         let fits = 64 * 1024 / (ENTRY_OVERHEAD + 101);
-        let keys: Vec<_> = (0..10 * fits as u32)
-            .map(|n| {
-                let mut bytes = [0; 32];
-                bytes[..4].copy_from_slice(&n.to_le_bytes());
-                IdempotencyKey::from_bytes(sha2::Sha256::digest(bytes).into())
-            })
-            .collect();
+        let keys: Vec<_> = (0..10 * fits as u32).map(spread_key).collect();
         let (entries, _) = cache.entries.as_ref().unwrap();
         let mut per_round = Vec::new();
         for _ in 0..8 {
@@ -297,9 +297,7 @@ mod tests {
     #[test]
     fn a_full_cache_takes_back_the_records_it_trusted_long_enough() {
         let cache = ReplayCache::new(8);
-        let keys: Vec<_> = (0..100u32)
-            .map(|n| IdempotencyKey::from_bytes(sha2::Sha256::digest(n.to_le_bytes()).into()))
-            .collect();
+        let keys: Vec<_> = (0..100u32).map(spread_key).collect();
         for k in &keys {
             let r = req("t", *k, 1, 1);
             if cache.get(&r).is_none() {
