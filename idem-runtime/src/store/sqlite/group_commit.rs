@@ -4,12 +4,13 @@
 //! never lost, even when a caller's future is dropped.
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::claim::{Op, Reply, apply};
+use super::keeper::{Keeper, KeeperCell};
 use super::options::SqliteOptions;
 use super::{BACKEND, SqliteStore, closed, sql_error, unexpected};
 use crate::error::StoreError;
@@ -27,6 +28,8 @@ pub(super) struct Shared {
     /// The write connection; only the current leader locks it.
     pub(super) writer: Mutex<Connection>,
     pub(super) readers: Mutex<Vec<Connection>>,
+    /// Holds a read transaction for the readers; the leader unpins it while it writes.
+    pub(super) keeper: KeeperCell,
     pub(super) replays: ReplayCache,
 }
 
@@ -166,7 +169,12 @@ pub(super) fn lead_rounds(shared: &Arc<Shared>, rounds: usize, linger: Duration)
             queue.jobs.drain(..n).collect()
         };
         match shared.writer.lock() {
-            Ok(mut conn) => run_batch(&mut conn, batch),
+            Ok(mut conn) => {
+                // Unpinned until after the commit, so that its checkpoint copies back every
+                // frame and a later writer can restart the WAL (see `keeper`).
+                let mut keeper = shared.keeper.for_write();
+                run_batch(&mut conn, &mut keeper, batch);
+            }
             Err(_) => {
                 for job in batch {
                     let _ = job.reply.send(Answer::Done(Err(closed())));
@@ -245,9 +253,12 @@ impl Drop for WriteTransaction<'_> {
     }
 }
 
-pub(super) fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
+pub(super) fn run_batch(conn: &mut Connection, keeper: &mut Keeper, batch: Vec<Job>) {
     let tx = match WriteTransaction::begin(conn) {
-        Ok(tx) => tx,
+        Ok(tx) => {
+            keeper.note_writer(&tx, Instant::now());
+            tx
+        }
         Err(e) => {
             let message = format!("taking the write lock failed ({e})");
             let kind = sql_error("", e).kind();
