@@ -264,11 +264,11 @@ mod tests {
         let renewal = t0 + PIN_LIFE * 4;
         keeper.refresh(renewal);
         assert!(
-            !keeper.pin.is_some(),
+            keeper.pin.is_none(),
             "a foreign commit: the keeper stands aside"
         );
         keeper.refresh(renewal + QUIET / 2);
-        assert!(!keeper.pin.is_some(), "still quiet");
+        assert!(keeper.pin.is_none(), "still quiet");
         other.execute("INSERT INTO t VALUES (2)", []).unwrap();
         let (log, copied) = checkpoint(&other);
         assert_eq!(copied, log, "nothing held back while the keeper is quiet");
@@ -311,7 +311,7 @@ mod tests {
         write(&writer, &mut keeper);
         keeper.refresh(t0 + QUIET / 2);
         assert!(
-            !keeper.pin.is_some(),
+            keeper.pin.is_none(),
             "a foreign commit seen by the writer: quiet"
         );
     }
