@@ -14,12 +14,14 @@
 //! | who writes | what a pin would hold back | what the keeper does |
 //! |---|---|---|
 //! | this store's leader | its commit's checkpoint (no frame past the pin is copied back) and the restart of the WAL from its start | unpinned before `BEGIN IMMEDIATE`, until after `COMMIT`: the commit and its checkpoint run as with no keeper |
-//! | another connection (another process) | the same, for that writer | the leader or a renewal sees the foreign commit (`PRAGMA data_version`): no pin for [`QUIET`] |
-//! | nobody | nothing | pinned, renewed after [`PIN_LIFE`] |
+//! | another connection (another process) | the same, for that writer | the leader or the next pin sees the foreign commit (`PRAGMA data_version`): no pin for [`QUIET`] |
+//! | nobody | nothing | pinned, renewed by a reader after [`PIN_LIFE`] |
 //!
-//! So another process's writes are held back by one pin at most ([`PIN_LIFE`]) before the keeper
-//! stands aside for [`QUIET`]. Readers pin the keeper lazily and never wait for it; the keeper is
-//! only ever a saving, and a failure to pin leaves the reads as they would be without it.
+//! A pin no reader renews (this process stopped reading) is ended by a sweeper thread within
+//! two [`PIN_LIFE`]s. So another process's writes are held back by one pin at most (under
+//! 2 × [`PIN_LIFE`]) before the keeper stands aside for [`QUIET`]. Readers pin the keeper lazily
+//! and never wait for it; the keeper is only ever a saving, and a failure to pin leaves the
+//! reads as they would be without it.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::{Duration, Instant};
@@ -74,9 +76,9 @@ impl KeeperCell {
         keeper
     }
 
-    /// Whether the keeper stands aside for another connection's writes.
+    /// Whether the keeper ever stood aside for another connection's writes.
     #[cfg(test)]
-    pub(super) fn standing_aside(&self) -> bool {
+    pub(super) fn stood_aside(&self) -> bool {
         self.0.lock().unwrap().quiet_until.is_some()
     }
 }
@@ -171,7 +173,11 @@ impl Keeper {
     fn end(&mut self) {
         self.pin = None;
         if !self.conn.is_autocommit() {
-            let _ = self.conn.execute_batch("COMMIT");
+            // Prepared once, as `BEGIN` is: the leader ends a pin at every batch.
+            let _ = self
+                .conn
+                .prepare_cached("COMMIT")
+                .and_then(|mut commit| commit.execute([]));
         }
     }
 

@@ -401,7 +401,8 @@ mod tests {
         (store, Connection::open(&path).unwrap())
     }
 
-    fn request(n: u32) -> ClaimRequest<'static> {
+    /// A claim of the `n`th key of tenant `t`.
+    pub(super) fn request(n: u32) -> ClaimRequest<'static> {
         ClaimRequest {
             tenant: "t",
             key: crate::key::derive_key("t", "tool", &[crate::key::KeyPart::new(&n).unwrap()]),
@@ -472,7 +473,7 @@ mod tests {
             "4,000 commits and as many replays leave a WAL of {wal} bytes"
         );
         assert!(
-            !store.shared.keeper.standing_aside(),
+            !store.shared.keeper.stood_aside(),
             "this store's own commits never make the keeper stand aside"
         );
     }
