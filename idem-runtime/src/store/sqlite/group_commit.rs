@@ -300,9 +300,9 @@ pub(super) fn run_batch(conn: &mut Connection, keeper: &mut Keeper, batch: Vec<J
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::request;
     use super::*;
-    use crate::fingerprint::Fingerprint;
-    use crate::store::{Claim, ClaimRequest, Store};
+    use crate::store::{Claim, Store};
 
     /// Callers that give up while queued (their futures dropped, as an agent loop cancelling a
     /// tool call does) never strand the leadership: everyone else is answered, and later writes
@@ -311,21 +311,7 @@ mod tests {
     async fn dropped_callers_never_strand_the_group_commit() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(SqliteStore::open_path(dir.path().join("drop.db")).unwrap());
-        let claim = |store: Arc<SqliteStore>, n: u32| async move {
-            let key = crate::key::derive_key("t", "tool", &[crate::key::KeyPart::new(&n).unwrap()]);
-            store
-                .claim(ClaimRequest {
-                    tenant: "t",
-                    key,
-                    tool: "tool",
-                    fingerprint: Fingerprint::from_bytes([1; 32]),
-                    now: 1_000,
-                    lease: Duration::from_secs(30),
-                    ttl: Duration::from_secs(60),
-                    orphans: crate::store::Orphans::TakeOver,
-                })
-                .await
-        };
+        let claim = |store: Arc<SqliteStore>, n: u32| async move { store.claim(request(n)).await };
         for round in 0..20u32 {
             let mut kept = tokio::task::JoinSet::new();
             let mut dropped = Vec::new();
