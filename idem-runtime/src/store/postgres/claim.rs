@@ -241,17 +241,18 @@ impl ClaimRow {
 
 pub(super) fn decode_claim(
     row: &Row,
-    token: FencingToken,
+    token: Option<FencingToken>,
     req: ClaimRequest<'_>,
     replays: &ReplayCache,
 ) -> Result<Claim, StoreError> {
     decide_claim(ClaimRow::read(row), token, req, replays)
 }
 
-/// The claim a row answers; a replay goes into the replay cache.
+/// The claim a row answers; a replay goes into the replay cache. `token` is the one the claim
+/// sent: none for a read ([`Sql::claim_read`]), which never acquires.
 pub(super) fn decide_claim(
     row: ClaimRow,
-    token: FencingToken,
+    token: Option<FencingToken>,
     req: ClaimRequest<'_>,
     replays: &ReplayCache,
 ) -> Result<Claim, StoreError> {
@@ -259,6 +260,7 @@ pub(super) fn decide_claim(
     let missing = || corrupt(OP, "the claim's answer lacks a column");
     Ok(match row.decision {
         0 | 1 => {
+            let token = token.ok_or_else(|| corrupt(OP, "a read answered that it claimed"))?;
             let stored = row.token.ok_or_else(missing)?;
             if stored as u64 != token.get() {
                 return Err(corrupt(OP, "the server answered with another token"));

@@ -455,9 +455,25 @@ impl Store for PostgresStore {
                 return Ok(answer);
             }
             let (sql, read_first) = (&self.inner.sql, &self.inner.read_first);
-            let token = FencingToken::generate();
             let (key, fingerprint) = (&req.key.as_bytes()[..], &req.fingerprint.as_bytes()[..]);
             let (now, orphans) = (db_time(req.now), orphans_code(req.orphans));
+            // Only the function decides what the read or the plain claim answers with -1; a
+            // read that finds no record leaves a new key to the plain claim.
+            let for_the_function = read_first.wanted() && {
+                let read: [&(dyn ToSql + Sync); 5] =
+                    [&req.tenant, &key, &now, &fingerprint, &orphans];
+                let rows = self.query(OP, &sql.claim_read, &read).await?;
+                match rows.first() {
+                    Some(row) if row.get::<_, i16>(0) >= 0 => {
+                        read_first.note(true);
+                        return decode_claim(row, None, req, replays);
+                    }
+                    found => found.is_some(),
+                }
+            };
+            // A token only for a claim that may write it (a read needs none: one random draw
+            // fewer for each replay that reads first).
+            let token = FencingToken::generate();
             let params: [&(dyn ToSql + Sync); 9] = [
                 &req.tenant,
                 &key,
@@ -469,24 +485,10 @@ impl Store for PostgresStore {
                 &db_millis(req.ttl),
                 &orphans,
             ];
-            // Only the function decides what the read or the plain claim answers with -1; a
-            // read that finds no record leaves a new key to the plain claim.
-            let for_the_function = read_first.wanted() && {
-                let read: [&(dyn ToSql + Sync); 5] =
-                    [&req.tenant, &key, &now, &fingerprint, &orphans];
-                let rows = self.query(OP, &sql.claim_read, &read).await?;
-                match rows.first() {
-                    Some(row) if row.get::<_, i16>(0) >= 0 => {
-                        read_first.note(true);
-                        return decode_claim(row, token, req, replays);
-                    }
-                    found => found.is_some(),
-                }
-            };
             if !for_the_function {
                 let rows = self.query(OP, &sql.claim_fast, &params).await?;
                 if let Some(row) = rows.first().filter(|row| row.get::<_, i16>(0) >= 0) {
-                    let claim = decode_claim(row, token, req, replays)?;
+                    let claim = decode_claim(row, Some(token), req, replays)?;
                     read_first.note(!matches!(claim, Claim::Acquired { .. }));
                     return Ok(claim);
                 }
@@ -496,7 +498,7 @@ impl Store for PostgresStore {
             let row = rows
                 .first()
                 .ok_or_else(|| corrupt(OP, "the claim answered no row"))?;
-            decode_claim(row, token, req, replays)
+            decode_claim(row, Some(token), req, replays)
         })
     }
 

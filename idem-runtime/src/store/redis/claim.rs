@@ -264,13 +264,8 @@ impl Store for RedisStore {
             let claim = claim?;
             if let Claim::Acquired { token, .. } = claim {
                 // The body may run: first the replicas the options ask for must hold the claim.
-                self.replicated(
-                    "claim",
-                    &self.record_key(req.tenant, &req.key),
-                    token,
-                    false,
-                )
-                .await?;
+                self.replicated("claim", req.tenant, &req.key, token, false)
+                    .await?;
             }
             Ok(claim)
         })
@@ -303,13 +298,8 @@ impl Store for RedisStore {
             }
             // A completion a failover loses would leave the claim in flight, and a retry would
             // take it over once its lease lapsed and run the body again.
-            self.replicated(
-                "complete",
-                &self.record_key(c.tenant, &c.key),
-                c.token,
-                true,
-            )
-            .await?;
+            self.replicated("complete", c.tenant, &c.key, c.token, true)
+                .await?;
             Ok(Fenced::Applied)
         })
     }

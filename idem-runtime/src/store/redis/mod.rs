@@ -71,6 +71,7 @@ use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use crate::error::{StoreError, StoreErrorKind};
+use crate::key::IdempotencyKey;
 use crate::store::replay_cache::ReplayCache;
 use crate::store::{FencingToken, UnixMillis};
 
@@ -353,9 +354,11 @@ impl RedisStore {
         Self::open(options).await
     }
 
-    /// Waits until the replicas the options ask for (`wait_replicas`) hold the write of `key`
-    /// that `token` made (Redis `WAIT`, sent to `key`'s primary); fewer within `wait_timeout` is
-    /// an error. `settled`: the write was a completion (else a claim).
+    /// Waits until the replicas the options ask for (`wait_replicas`) hold the write of the
+    /// record of `tenant` and `key` that `token` made (Redis `WAIT`, sent to the record's
+    /// primary); fewer within `wait_timeout` is an error. `settled`: the write was a completion
+    /// (else a claim). Without replicas to wait for, nothing is sent (nor the record's key
+    /// formatted).
     ///
     /// `WAIT` counts the writes of the connection it is sent on. If the primary failed over
     /// between the write and the `WAIT`, the client sends the `WAIT` to the new primary, where
@@ -364,13 +367,15 @@ impl RedisStore {
     async fn replicated(
         &self,
         op: &str,
-        key: &str,
+        tenant: &str,
+        key: &IdempotencyKey,
         token: FencingToken,
         settled: bool,
     ) -> Result<(), StoreError> {
         if self.wait.replicas == 0 {
             return Ok(());
         }
+        let key = &self.record_key(tenant, key);
         let mut conn = self.conn.clone();
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.wait.replicas)
