@@ -237,6 +237,93 @@ async fn postgres_version_1_schema_is_upgraded_with_its_records() {
         .expect("`unknown` is accepted now");
 }
 
+/// The CHECK constraints earlier builds put on the table (Postgres parses them again at every
+/// write) are dropped on open, once. Opening a table that is as it should be alters nothing, so
+/// it does not wait behind a transaction that holds the table (a transactional tool's), nor
+/// hold every claim queued behind its own lock meanwhile.
+#[tokio::test]
+async fn postgres_check_constraints_of_earlier_builds_are_dropped_once() {
+    let Some(url) = postgres_url() else { return };
+    let schema = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
+    let scoped = with_option(&url, &format!("schema={schema}"));
+    let run = unique("run");
+    let tenant = unique("tenant");
+    {
+        let idem = Idem::open(&scoped).await.expect("open");
+        assert!(
+            idem.scope(tenant.clone())
+                .run(charge(run.clone(), 5))
+                .await
+                .unwrap()
+                .is_fresh()
+        );
+    }
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let checks = async || -> i64 {
+        client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM pg_constraint \
+                     WHERE conrelid = '\"{schema}\".idem_records'::regclass AND contype = 'c'"
+                ),
+                &[],
+            )
+            .await
+            .expect("constraints")
+            .get(0)
+    };
+    assert_eq!(checks().await, 0, "a new table has no CHECK constraint");
+    // The table as an earlier build made it.
+    client
+        .batch_execute(&format!(
+            r#"ALTER TABLE "{schema}".idem_records
+                ADD CONSTRAINT idem_records_key_check CHECK (length(key) = 32),
+                ADD CONSTRAINT idem_records_fingerprint_check CHECK (length(fingerprint) = 32),
+                ADD CONSTRAINT idem_records_status_check
+                    CHECK (status IN ('in_flight', 'completed', 'unknown'))"#
+        ))
+        .await
+        .expect("the earlier constraints");
+    assert_eq!(checks().await, 3);
+    let idem = Idem::open(&scoped).await.expect("open drops them");
+    assert_eq!(checks().await, 0, "dropped on open");
+    match idem
+        .scope(tenant.clone())
+        .run(charge(run.clone(), 5))
+        .await
+        .unwrap()
+    {
+        Outcome::Replayed(5) => {}
+        other => panic!("the record survives: {other:?}"),
+    }
+    assert_eq!(effects(&run), 1);
+
+    // A claim holds the table (as a transaction in flight does); opening again alters nothing,
+    // so it does not wait for it.
+    let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    holder
+        .batch_execute(&format!(
+            r#"BEGIN; LOCK TABLE "{schema}".idem_records IN ROW EXCLUSIVE MODE"#
+        ))
+        .await
+        .expect("hold the table");
+    let reopened = tokio::time::timeout(std::time::Duration::from_secs(20), Idem::open(&scoped))
+        .await
+        .expect("opening waited behind a transaction: it locked the table");
+    drop(reopened.expect("open"));
+    holder.batch_execute("ROLLBACK").await.expect("release");
+    client
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .await
+        .expect("clean up");
+}
+
 #[tokio::test]
 async fn postgres_newer_schema_is_refused_untouched() {
     let Some(url) = postgres_url() else { return };
