@@ -30,8 +30,17 @@ CREATE TABLE IF NOT EXISTS {s}.idem_records (
     PRIMARY KEY (tenant, key)
 );
 -- Looked up before altering: `ALTER TABLE` and `CREATE INDEX` lock the table even when there
--- is nothing to do (`IF NOT EXISTS` is checked under the lock), and a lock that waits for a
+-- is nothing to do (`IF [NOT] EXISTS` is checked under the lock), and a lock that waits for a
 -- transactional tool's transaction holds every claim queued behind it.
+--
+-- The CHECK constraints of tables earlier builds made (the key's and the fingerprint's length,
+-- the status, under the names Postgres gave them) are dropped: Postgres parses a table's CHECK
+-- expressions from their stored text again at every INSERT and UPDATE (`ExecRelCheck`, per
+-- statement), about 25 us of the 370 us of server CPU a fresh call cost on a 2-vCPU machine
+-- (perf: `pg_strtok`, `nodeRead`), and fresh calls went from 0.82-0.83x the raw writes with
+-- them to 0.87-0.91x without (alternated, one session). idem binds only keys and fingerprints
+-- of 32 bytes and its three statuses; a row edited by hand into another shape is refused as
+-- corrupt where it is read in full, and never taken over (a takeover asks for `in_flight`).
 DO $do$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{s}.idem_records'::regclass
@@ -40,6 +49,13 @@ BEGIN
     END IF;
     IF to_regclass('{s}.idem_records_expires_at') IS NULL THEN
         CREATE INDEX idem_records_expires_at ON {s}.idem_records (expires_at);
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = '{s}.idem_records'::regclass
+               AND conname IN ('idem_records_key_check', 'idem_records_fingerprint_check',
+                               'idem_records_status_check')) THEN
+        ALTER TABLE {s}.idem_records DROP CONSTRAINT IF EXISTS idem_records_key_check,
+            DROP CONSTRAINT IF EXISTS idem_records_fingerprint_check,
+            DROP CONSTRAINT IF EXISTS idem_records_status_check;
     END IF;
 END
 $do$;
@@ -128,26 +144,10 @@ $fn$;
 
 /// Version 1 to 2, before [`SCHEMA`] runs: the claim function of version 1 (one argument
 /// fewer) goes. (Its status constraint, which refused `unknown`, goes with the others: see
-/// [`CHECKS`].)
+/// [`SCHEMA`].)
 pub(super) const UPGRADE_1_TO_2: &str = r#"
 DROP FUNCTION IF EXISTS {s}.idem_claim(text, bytea, text, bytea, bigint, bigint, bigint, bigint);
 "#;
-
-/// The CHECK constraints that tables created by earlier builds carry (the key's and the
-/// fingerprint's length, the status), under the names Postgres gave them. This build drops
-/// them: Postgres parses a table's CHECK expressions from their stored text again at every
-/// `INSERT` and `UPDATE` (the executor's `ExecRelCheck`, per statement): about 25 µs of the
-/// 370 µs of server CPU a fresh call cost on a 2-vCPU machine (perf: `pg_strtok`, `nodeRead`
-/// and the number parsing under them), and fresh calls went from 0.82–0.83× the raw writes
-/// with them to 0.87–0.91× without (alternated, one session). idem binds only keys and
-/// fingerprints of 32 bytes and its three statuses; a row edited by hand into another shape is
-/// refused as corrupt where it is read in full, and never taken over by a claim (whose
-/// takeover asks for `in_flight`).
-pub(super) const CHECKS: [&str; 3] = [
-    "idem_records_key_check",
-    "idem_records_fingerprint_check",
-    "idem_records_status_check",
-];
 
 impl PostgresStore {
     /// Creates the schema, or checks that the one found is this build's.
@@ -212,34 +212,6 @@ impl PostgresStore {
                 tx.batch_execute(&SCHEMA.replace("{s}", &quoted))
                     .await
                     .map_err(|e| pg_error(OP, e))?;
-                // Looked up first: `ALTER TABLE` locks the table against every claim, even to
-                // drop nothing, so only a table that still has them is altered, once.
-                let checks: Vec<String> = tx
-                    .query_typed(
-                        "SELECT conname::text FROM pg_constraint \
-                         WHERE conrelid = $1::text::regclass AND conname = ANY($2)",
-                        &[
-                            (&format!("{quoted}.idem_records"), Type::TEXT),
-                            (&&CHECKS[..], Type::TEXT_ARRAY),
-                        ],
-                    )
-                    .await
-                    .map_err(|e| pg_error(OP, e))?
-                    .iter()
-                    .map(|row| row.get(0))
-                    .collect();
-                if !checks.is_empty() {
-                    let drops: Vec<String> = checks
-                        .iter()
-                        .map(|name| format!("DROP CONSTRAINT IF EXISTS \"{name}\""))
-                        .collect();
-                    tx.batch_execute(&format!(
-                        "ALTER TABLE {quoted}.idem_records {}",
-                        drops.join(", ")
-                    ))
-                    .await
-                    .map_err(|e| pg_error(OP, e))?;
-                }
                 tx.query_typed(
                     &format!(
                         "INSERT INTO {quoted}.idem_meta (name, value) VALUES ('schema_version', $1) \
