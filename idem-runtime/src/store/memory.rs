@@ -9,8 +9,8 @@ use std::sync::Mutex;
 
 use super::admin::{self, AdminStore, Page, Resolution};
 use super::{
-    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Held, Record, RecordStatus,
-    Renewal, Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
+    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Record, RecordStatus, Renewal,
+    Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -47,12 +47,7 @@ impl MemoryStore {
     fn claim_now(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         self.with(|tenants| {
             let records = tenants.entry(req.tenant.to_owned()).or_default();
-            let held = records.get(&req.key).map(|r| Held {
-                fingerprint: r.fingerprint,
-                status: r.status,
-                lease_expires_at: r.lease_expires_at,
-                expires_at: r.expires_at,
-            });
+            let held = records.get(&req.key).map(Record::held);
             match decide(held, req.fingerprint, req.now, req.orphans) {
                 Decision::Mismatch => Claim::Mismatch,
                 Decision::Blocked => Claim::Unknown,

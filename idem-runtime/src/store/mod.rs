@@ -58,7 +58,9 @@ pub type UnixMillis = u64;
 pub struct FencingToken(u64);
 
 impl FencingToken {
-    /// A new, unpredictable token (never zero, fits a signed 64-bit column).
+    /// A new, unpredictable token (never zero, fits a signed 64-bit column): 63 bits of a
+    /// random UUID, from the operating system's generator, or with the `postgres` and `redis`
+    /// features from `rand`'s thread-local generator seeded by it (no system call per token).
     pub fn generate() -> Self {
         let (hi, lo) = uuid::Uuid::new_v4().as_u64_pair();
         FencingToken(((hi ^ lo) & (i64::MAX as u64)).max(1))
@@ -248,6 +250,18 @@ pub struct Record {
     pub note: Option<String>,
 }
 
+impl Record {
+    /// The fields a claim decision reads ([`decide`]).
+    pub(crate) fn held(&self) -> Held {
+        Held {
+            fingerprint: self.fingerprint,
+            status: self.status,
+            lease_expires_at: self.lease_expires_at,
+            expires_at: self.expires_at,
+        }
+    }
+}
+
 /// What [`Store::health`] reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreHealth {
@@ -331,6 +345,22 @@ pub fn decide(
             Decision::Takeover
         }
         (RecordStatus::Unknown, _) => Decision::Blocked,
+    }
+}
+
+impl Decision {
+    /// The claim's answer when the decision writes nothing (a replay answers with `result`), or
+    /// `None` when it writes (an insert, a takeover, an orphan marked `unknown`): what a store
+    /// that reads before it claims may answer from the read alone.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    pub(crate) fn answer_without_writing(self, result: impl FnOnce() -> Vec<u8>) -> Option<Claim> {
+        match self {
+            Decision::Replay => Some(Claim::Completed { result: result() }),
+            Decision::Mismatch => Some(Claim::Mismatch),
+            Decision::InFlight { lease_expires_at } => Some(Claim::InFlight { lease_expires_at }),
+            Decision::Blocked => Some(Claim::Unknown),
+            Decision::Insert | Decision::Takeover | Decision::MarkUnknown => None,
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::store::replay_cache::ReplayCache;
-use crate::store::{Claim, ClaimRequest, FencingToken, Record, RecordStatus};
+use crate::store::{Claim, ClaimRequest, FencingToken, Held, Record, RecordStatus, decide};
 
 /// The columns of a [`Record`], in [`decode_record`]'s order.
 pub(super) const COLUMNS: &str = "tenant, key, tool, fingerprint, status, token, lease_expires_at, \
@@ -40,8 +40,6 @@ const CLAIM_TYPES: &[Type] = &[
     Type::INT8,
     Type::INT2,
 ];
-/// Tenant, key, now, fingerprint, orphans.
-const READ_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA, Type::INT8, Type::BYTEA, Type::INT2];
 const KEY_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA];
 const FENCED_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA, Type::INT8];
 
@@ -57,9 +55,9 @@ pub(super) struct Sql {
     /// else (expired, lapsed lease, this claim sent again, a concurrent insert) answers `-1` or
     /// no row, and the claim goes to [`Sql::claim`].
     pub(super) claim_fast: Statement,
-    /// The answers of [`Sql::claim_fast`] that write nothing, from a plain read: replay,
-    /// mismatch, in flight, unknown; `-1` for what only the function decides, no row for a new
-    /// key. Sent first when most claims lately were answered so ([`ReadFirst`]).
+    /// What a claim reads first when most claims lately were answered without writing
+    /// ([`ReadFirst`]): the fields of the record that [`decide`](crate::store::decide) reads,
+    /// and the result; the decision is taken here ([`decide_read`]), not in SQL.
     ///
     /// [`ReadFirst`]: super::read_first::ReadFirst
     pub(super) claim_read: Statement,
@@ -113,15 +111,10 @@ impl Sql {
             ),
             claim_read: statement(
                 format!(
-                    "SELECT CASE WHEN expires_at <= $3::bigint THEN -1 \
-                 WHEN fingerprint <> $4::bytea THEN 2 \
-                 WHEN status = 'completed' THEN 3 \
-                 WHEN status = 'unknown' THEN CASE WHEN $5::smallint = 1 THEN -1 ELSE 5 END \
-                 WHEN lease_expires_at > $3 THEN 4 \
-                 ELSE -1 END::smallint, NULL::bigint, lease_expires_at, expires_at, result \
+                    "SELECT fingerprint, status, lease_expires_at, expires_at, result \
                  FROM {t} WHERE tenant = $1::text AND key = $2::bytea"
                 ),
-                READ_TYPES,
+                KEY_TYPES,
             ),
             claim: statement(
                 format!(
@@ -241,7 +234,7 @@ impl ClaimRow {
 
 pub(super) fn decode_claim(
     row: &Row,
-    token: Option<FencingToken>,
+    token: FencingToken,
     req: ClaimRequest<'_>,
     replays: &ReplayCache,
 ) -> Result<Claim, StoreError> {
@@ -249,10 +242,10 @@ pub(super) fn decode_claim(
 }
 
 /// The claim a row answers; a replay goes into the replay cache. `token` is the one the claim
-/// sent: none for a read ([`Sql::claim_read`]), which never acquires.
+/// sent.
 pub(super) fn decide_claim(
     row: ClaimRow,
-    token: Option<FencingToken>,
+    token: FencingToken,
     req: ClaimRequest<'_>,
     replays: &ReplayCache,
 ) -> Result<Claim, StoreError> {
@@ -260,7 +253,6 @@ pub(super) fn decide_claim(
     let missing = || corrupt(OP, "the claim's answer lacks a column");
     Ok(match row.decision {
         0 | 1 => {
-            let token = token.ok_or_else(|| corrupt(OP, "a read answered that it claimed"))?;
             let stored = row.token.ok_or_else(missing)?;
             if stored as u64 != token.get() {
                 return Err(corrupt(OP, "the server answered with another token"));
@@ -286,6 +278,32 @@ pub(super) fn decide_claim(
         5 => Claim::Unknown,
         other => return Err(corrupt(OP, &format!("unknown decision {other}"))),
     })
+}
+
+/// What a claim decides from the record [`Sql::claim_read`] found, by the one decision table
+/// ([`decide`]): `Some` for the answers that write nothing (a replay, which goes into the replay
+/// cache, a mismatch, a live lease, a blocked `unknown` record), `None` for what only the
+/// claim function decides (an expired record, an orphan to take over or mark `unknown`).
+pub(super) fn decide_read(
+    row: &Row,
+    req: &ClaimRequest<'_>,
+    replays: &ReplayCache,
+) -> Result<Option<Claim>, StoreError> {
+    const OP: &str = "claim";
+    let status: &str = row.get(1);
+    let held = Held {
+        fingerprint: Fingerprint::from_bytes(bytes32(OP, row.get(0))?),
+        status: RecordStatus::parse(status).ok_or_else(|| corrupt(OP, "unknown status"))?,
+        lease_expires_at: row.get::<_, i64>(2).max(0) as u64,
+        expires_at: row.get::<_, i64>(3).max(0) as u64,
+    };
+    let decision = decide(Some(held), req.fingerprint, req.now, req.orphans);
+    let answer =
+        decision.answer_without_writing(|| row.get::<_, Option<Vec<u8>>>(4).unwrap_or_default());
+    if let Some(Claim::Completed { result }) = &answer {
+        replays.put(req, result, held.expires_at);
+    }
+    Ok(answer)
 }
 
 pub(super) fn decode_record(row: &Row) -> Result<Record, StoreError> {

@@ -13,10 +13,12 @@
 //!   conditional statement that the server re-checks under the row lock (the insert by its
 //!   primary key), so concurrent claims of one key from any number of processes have one winner.
 //! - **Replay storms read.** While most claims lately found a record and answered without
-//!   writing (a fleet retrying after an outage), a claim first sends a plain `SELECT`, cheaper for
-//!   the server than the statement that may insert, and goes on to that statement only for a new
-//!   key or what the function decides (one round trip more for those); otherwise it goes
-//!   straight to the claim statement. Both answer the same (see `read_first.rs`).
+//!   writing (a fleet retrying after an outage), a claim first reads the record with a plain
+//!   point `SELECT`, cheaper for the server than the statement that may insert, and decides from
+//!   it by the decision table itself ([`decide`](crate::store::decide), in the client); it goes on
+//!   to that statement only for a new key or what the function decides (one round trip more for
+//!   those); otherwise it goes straight to the claim statement. Both answer the same (see
+//!   `read_first.rs`).
 //! - **Durable claims.** The claim commits before [`Claim::Acquired`] is answered; with the
 //!   server's defaults (`fsync=on`, `synchronous_commit=on`) that commit survives a crash of
 //!   the server. [`StoreHealth::durable`] reports the server's settings.
@@ -81,7 +83,7 @@ pub use self::options::PostgresOptions;
 pub use self::schema::SCHEMA_VERSION;
 pub use self::tls::{SslMode, TlsOptions};
 
-use self::claim::{Sql, Statement, decode_claim, decode_record};
+use self::claim::{Sql, Statement, decide_read, decode_claim, decode_record};
 use self::read_first::ReadFirst;
 
 const BACKEND: &str = "postgres";
@@ -457,18 +459,21 @@ impl Store for PostgresStore {
             let (sql, read_first) = (&self.inner.sql, &self.inner.read_first);
             let (key, fingerprint) = (&req.key.as_bytes()[..], &req.fingerprint.as_bytes()[..]);
             let (now, orphans) = (db_time(req.now), orphans_code(req.orphans));
-            // Only the function decides what the read or the plain claim answers with -1; a
-            // read that finds no record leaves a new key to the plain claim.
+            // A read that finds no record leaves a new key to the plain claim; what only the
+            // function decides (an expired record, an orphan) goes to the function.
             let for_the_function = read_first.wanted() && {
-                let read: [&(dyn ToSql + Sync); 5] =
-                    [&req.tenant, &key, &now, &fingerprint, &orphans];
-                let rows = self.query(OP, &sql.claim_read, &read).await?;
+                let rows = self
+                    .query(OP, &sql.claim_read, &[&req.tenant, &key])
+                    .await?;
                 match rows.first() {
-                    Some(row) if row.get::<_, i16>(0) >= 0 => {
-                        read_first.note(true);
-                        return decode_claim(row, None, req, replays);
-                    }
-                    found => found.is_some(),
+                    Some(row) => match decide_read(row, &req, replays)? {
+                        Some(answer) => {
+                            read_first.note(true);
+                            return Ok(answer);
+                        }
+                        None => true,
+                    },
+                    None => false,
                 }
             };
             // A token only for a claim that may write it (a read needs none: one random draw
@@ -488,7 +493,7 @@ impl Store for PostgresStore {
             if !for_the_function {
                 let rows = self.query(OP, &sql.claim_fast, &params).await?;
                 if let Some(row) = rows.first().filter(|row| row.get::<_, i16>(0) >= 0) {
-                    let claim = decode_claim(row, Some(token), req, replays)?;
+                    let claim = decode_claim(row, token, req, replays)?;
                     read_first.note(!matches!(claim, Claim::Acquired { .. }));
                     return Ok(claim);
                 }
@@ -498,7 +503,7 @@ impl Store for PostgresStore {
             let row = rows
                 .first()
                 .ok_or_else(|| corrupt(OP, "the claim answered no row"))?;
-            decode_claim(row, Some(token), req, replays)
+            decode_claim(row, token, req, replays)
         })
     }
 

@@ -9,9 +9,9 @@
 //! statement. [`ReadFirst`] keeps a moving share of the claims that were answered without
 //! writing, and asks for the read first while that share is at least [`THRESHOLD`].
 //!
-//! Either way the answers are the same: the read decides only what the claim statement would
-//! decide without writing (from a snapshot as fresh as the claim's own), and leaves everything
-//! else to it.
+//! Either way the answers are the same: the read decides, by [`decide`](crate::store::decide),
+//! only what the claim statement would decide without writing (from a snapshot as fresh as the
+//! claim's own), and leaves everything else to it.
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 

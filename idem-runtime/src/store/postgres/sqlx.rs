@@ -257,7 +257,7 @@ impl PostgresStore {
         if let Some(row) = rows.first() {
             let row = claim_row(row).map_err(|e| sqlx_error(OP, e))?;
             if row.decision >= 0 {
-                return decide_claim(row, Some(token), *req, &self.inner.replays);
+                return decide_claim(row, token, *req, &self.inner.replays);
             }
         }
         let full = self.bound_claim(&sql.claim, req, token);
@@ -268,7 +268,7 @@ impl PostgresStore {
             .first()
             .ok_or_else(|| corrupt(OP, "the claim answered no row"))?;
         let row = claim_row(row).map_err(|e| sqlx_error(OP, e))?;
-        decide_claim(row, Some(token), *req, &self.inner.replays)
+        decide_claim(row, token, *req, &self.inner.replays)
     }
 
     /// A claim statement with its nine arguments.

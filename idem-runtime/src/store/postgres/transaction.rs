@@ -265,14 +265,14 @@ impl PostgresStore {
         set.map_err(|e| pg_error(OP, e))?;
         let rows = rows.map_err(|e| pg_error(OP, e))?;
         if let Some(row) = rows.first().filter(|row| row.get::<_, i16>(0) >= 0) {
-            return decode_claim(row, Some(token), *req, replays);
+            return decode_claim(row, token, *req, replays);
         }
         let claim = self.ready(tx, cache, discard, &sql.claim).await?;
         let rows = self.timed(OP, discard, send(tx, &claim, &params)).await?;
         let row = rows
             .first()
             .ok_or_else(|| corrupt(OP, "the claim answered no row"))?;
-        decode_claim(row, Some(token), *req, replays)
+        decode_claim(row, token, *req, replays)
     }
 
     /// `statement`, ready to send: prepared once per connection (cached), or, through a

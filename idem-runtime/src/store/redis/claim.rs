@@ -11,8 +11,8 @@ use super::{
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
 use crate::store::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Renewal,
-    Store, StoreFuture, StoreHealth, UnixMillis, after,
+    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Orphans, Record, RecordStatus,
+    Renewal, Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
 };
 
 /// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight,
@@ -106,8 +106,9 @@ fn per_node<T: redis::FromRedisValue>(op: &str, answer: Value) -> Result<Vec<T>,
     }
 }
 
-/// What a claim decides from the record that `SET … NX GET` found, exactly as the claim script
-/// would, when that decision writes nothing. `None` when it would write (the record expired, a
+/// What a claim decides from the record that `SET … NX GET` found, by the one decision table
+/// ([`decide`]), when that decision writes nothing; or this very claim, sent again after the
+/// answer to its first delivery was lost. `None` when it would write (the record expired, a
 /// lease lapsed, an orphan is taken over or marked `unknown`): then the script decides, on the
 /// record as it is by then.
 pub(super) fn decide_without_writing(
@@ -115,31 +116,18 @@ pub(super) fn decide_without_writing(
     req: &ClaimRequest<'_>,
     token: FencingToken,
 ) -> Option<Claim> {
-    if found.expires_at <= req.now {
-        return None;
-    }
-    if found.fingerprint != req.fingerprint {
-        return Some(Claim::Mismatch);
-    }
-    if found.status == RecordStatus::Completed {
-        return Some(Claim::Completed {
-            result: found.result.unwrap_or_default(),
-        });
-    }
-    if found.token == token {
-        // This very claim, sent again after the answer to the first delivery was lost.
+    let decision = decide(Some(found.held()), req.fingerprint, req.now, req.orphans);
+    let live_and_ours = !matches!(
+        decision,
+        Decision::Insert | Decision::Mismatch | Decision::Replay
+    );
+    if live_and_ours && found.token == token {
         return Some(Claim::Acquired {
             token,
             takeover: found.created_at != req.now,
         });
     }
-    match found.status {
-        RecordStatus::Unknown if req.orphans != Orphans::Reconcile => Some(Claim::Unknown),
-        RecordStatus::InFlight if found.lease_expires_at > req.now => Some(Claim::InFlight {
-            lease_expires_at: found.lease_expires_at,
-        }),
-        _ => None,
-    }
+    decision.answer_without_writing(|| found.result.unwrap_or_default())
 }
 
 impl Store for RedisStore {
