@@ -3,10 +3,10 @@
 
 use redis::Value;
 
-use super::record::{SCHEMA_VERSION, decode_record};
+use super::record::{SCHEMA_VERSION, decode_record, layout};
 use super::{
     BACKEND, RedisStore, again_if_broken, corrupt, int, millis_arg, redis_error, time_arg,
-    token_arg,
+    time_bound, token_arg,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -93,6 +93,28 @@ end
 return 0
 ";
 
+/// The record a claim of a new key writes, laid out as [`layout`] says: the fingerprint, `i`,
+/// the expiry, the lease's expiry and the creation time (16 digits each), the token (19), the
+/// tool name's length (4) and the name, in one buffer.
+fn new_record(req: &ClaimRequest<'_>, token: FencingToken) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut new = Vec::with_capacity(layout::HEADER + req.tool.len());
+    new.extend_from_slice(req.fingerprint.as_bytes());
+    new.push(b'i');
+    write!(
+        new,
+        "{:016}{:016}{:016}{:019}{:04}",
+        time_bound(after(req.now, req.ttl)),
+        time_bound(after(req.now, req.lease)),
+        time_bound(req.now),
+        token.get(),
+        req.tool.len(),
+    )
+    .expect("writing to a Vec cannot fail");
+    new.extend_from_slice(req.tool.as_bytes());
+    new
+}
+
 /// One answer per node: a cluster answers a command sent to every primary with a map of node to
 /// answer; one server answers once.
 fn per_node<T: redis::FromRedisValue>(op: &str, answer: Value) -> Result<Vec<T>, StoreError> {
@@ -154,28 +176,14 @@ impl Store for RedisStore {
                     ));
                 }
                 let token = FencingToken::generate();
-                let (now, token_text) = (time_arg(req.now), token_arg(token));
-                let (lease_at, expires_at) = (
-                    time_arg(after(req.now, req.lease)),
-                    time_arg(after(req.now, req.ttl)),
-                );
+                // The record a new key gets; the script's arguments are slices of it.
+                let new = new_record(&req, token);
                 let ttl = millis_arg(req.ttl);
-                let tool = format!("{:04}{}", req.tool.len(), req.tool);
                 let record = self.record_key(req.tenant, &req.key);
                 if self.set_nx_get {
-                    let new: Vec<u8> = [
-                        &req.fingerprint.as_bytes()[..],
-                        b"i",
-                        expires_at.as_bytes(),
-                        lease_at.as_bytes(),
-                        now.as_bytes(),
-                        token_text.as_bytes(),
-                        tool.as_bytes(),
-                    ]
-                    .concat();
                     let mut set = redis::cmd("SET");
                     set.arg(&record)
-                        .arg(new)
+                        .arg(&new)
                         .arg("NX")
                         .arg("PX")
                         .arg(&ttl)
@@ -207,13 +215,13 @@ impl Store for RedisStore {
                         &self.scripts.claim,
                         &[&record],
                         &[
-                            req.fingerprint.as_bytes(),
-                            now.as_bytes(),
-                            token_text.as_bytes(),
-                            lease_at.as_bytes(),
-                            expires_at.as_bytes(),
+                            &new[layout::FINGERPRINT],
+                            &new[layout::CREATED],
+                            &new[layout::TOKEN],
+                            &new[layout::LEASE],
+                            &new[layout::EXPIRES],
                             ttl.as_bytes(),
-                            tool.as_bytes(),
+                            &new[layout::TOOL_LEN.start..],
                             match req.orphans {
                                 Orphans::TakeOver => b"0",
                                 Orphans::Reconcile => b"1",
@@ -437,6 +445,53 @@ impl Store for RedisStore {
 
 #[cfg(test)]
 mod tests {
+    /// The record a claim of a new key sends reads back as that claim's record, and the
+    /// script's arguments cut from it are the fields the script expects.
+    #[test]
+    fn a_new_record_reads_back_as_the_claim_that_made_it() {
+        use std::time::Duration;
+
+        use super::new_record;
+        use crate::fingerprint::Fingerprint;
+        use crate::key::IdempotencyKey;
+        use crate::store::redis::record::{decode_record, layout};
+        use crate::store::{ClaimRequest, FencingToken, Orphans, RecordStatus};
+
+        let key = IdempotencyKey::from_bytes([2; 32]);
+        let req = ClaimRequest {
+            tenant: "t",
+            key,
+            tool: "register_payment",
+            fingerprint: Fingerprint::from_bytes([1; 32]),
+            now: 1_700_000_000_000,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+            orphans: Orphans::TakeOver,
+        };
+        let new = new_record(&req, FencingToken::from_raw(42));
+        let record = decode_record("test", "t", key, &new).expect("laid out as a record");
+        assert_eq!(record.fingerprint, req.fingerprint);
+        assert_eq!(record.status, RecordStatus::InFlight);
+        assert_eq!(record.token, FencingToken::from_raw(42));
+        assert_eq!(record.created_at, req.now);
+        assert_eq!(record.lease_expires_at, req.now + 30_000);
+        assert_eq!(record.expires_at, req.now + 3_600_000);
+        assert_eq!(record.tool, "register_payment");
+        assert_eq!(record.result, None);
+        assert_eq!(&new[layout::CREATED], b"0001700000000000");
+        assert_eq!(&new[layout::TOKEN], b"0000000000000000042");
+        assert_eq!(&new[layout::TOOL_LEN.start..], b"0016register_payment");
+
+        // Times stay below 2^53, which Lua compares exactly.
+        let late = ClaimRequest {
+            now: u64::MAX - 1,
+            ..req
+        };
+        let new = new_record(&late, FencingToken::from_raw(1));
+        assert_eq!(&new[layout::EXPIRES], b"9007199254740992");
+        assert_eq!(&new[layout::CREATED], b"9007199254740992");
+    }
+
     /// The decisions the plain command takes on its own are the script's, and it leaves to the
     /// script every one that writes.
     #[test]

@@ -194,7 +194,12 @@ fn corrupt(op: &str, what: &str) -> StoreError {
 
 /// A time as the record lays it out: 16 digits, below 2^53 so that Lua compares it exactly.
 fn time_arg(t: UnixMillis) -> String {
-    format!("{:016}", t.min(1 << 53))
+    format!("{:016}", time_bound(t))
+}
+
+/// A time bounded below 2^53 (see [`time_arg`]).
+fn time_bound(t: UnixMillis) -> UnixMillis {
+    t.min(1 << 53)
 }
 
 /// A token as the record lays it out: 19 digits.
