@@ -139,11 +139,13 @@ pub(super) fn decide_without_writing(
     token: FencingToken,
 ) -> Option<Claim> {
     let decision = decide(Some(found.held()), req.fingerprint, req.now, req.orphans);
-    let live_and_ours = !matches!(
+    // A live record of these arguments, not completed: if it carries this claim's token, it is
+    // this very claim, sent again after the answer to its first delivery was lost.
+    let unsettled = !matches!(
         decision,
         Decision::Insert | Decision::Mismatch | Decision::Replay
     );
-    if live_and_ours && found.token == token {
+    if unsettled && found.token == token {
         return Some(Claim::Acquired {
             token,
             takeover: found.created_at != req.now,
