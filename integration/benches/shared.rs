@@ -115,9 +115,14 @@ struct RawConnection {
 }
 
 /// The raw Postgres baseline: a connection per concurrent caller (a connection runs one
-/// statement at a time), as idem's pool gives it.
+/// statement at a time), handed out as idem's pool hands out its own: the idle connection used
+/// last, so that a lone caller keeps one warm server process, as idem's does (spreading one
+/// caller's calls over every connection in turn made each call wake a server process that had
+/// slept through the others' calls, and slowed the baseline's lone caller).
 struct RawPostgres {
     connections: Vec<RawConnection>,
+    /// The connections no caller holds, the last one returned on top.
+    idle: std::sync::Mutex<Vec<usize>>,
     tenant: String,
 }
 
@@ -190,6 +195,7 @@ impl RawPostgres {
             });
         }
         RawPostgres {
+            idle: std::sync::Mutex::new((0..connections.len()).rev().collect()),
             connections,
             tenant,
         }
@@ -209,7 +215,13 @@ impl Raw for RawPostgres {
     }
 
     async fn two_writes(&self, n: u64) {
-        let c = &self.connections[n as usize % self.connections.len()];
+        let held = self
+            .idle
+            .lock()
+            .unwrap()
+            .pop()
+            .expect("no more callers than connections");
+        let c = &self.connections[held];
         let key = raw_key(&self.tenant, n + 1_000);
         let (token, expires) = (n as i64, 86_400_000 + n as i64);
         let fingerprint = RawArgs::payment("run-1", n).fingerprint();
@@ -227,6 +239,7 @@ impl Raw for RawPostgres {
             )
             .await
             .expect("update");
+        self.idle.lock().unwrap().push(held);
     }
 }
 
