@@ -34,6 +34,8 @@ pub mod memory;
 pub(crate) mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod read_first;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]

@@ -59,7 +59,7 @@ pub(super) struct Sql {
     /// ([`ReadFirst`]): the fields of the record that [`decide`](crate::store::decide) reads,
     /// and the result; the decision is taken here ([`decide_read`]), not in SQL.
     ///
-    /// [`ReadFirst`]: super::read_first::ReadFirst
+    /// [`ReadFirst`]: crate::store::read_first::ReadFirst
     pub(super) claim_read: Statement,
     /// The whole decision table: the schema's function `idem_claim`.
     pub(super) claim: Statement,

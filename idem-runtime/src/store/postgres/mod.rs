@@ -18,7 +18,7 @@
 //!   it by the decision table itself ([`decide`](crate::store::decide), in the client); it goes on
 //!   to that statement only for a new key or what the function decides (one round trip more for
 //!   those); otherwise it goes straight to the claim statement. Both answer the same (see
-//!   `read_first.rs`).
+//!   `store/read_first.rs`).
 //! - **Durable claims.** The claim commits before [`Claim::Acquired`] is answered; with the
 //!   server's defaults (`fsync=on`, `synchronous_commit=on`) that commit survives a crash of
 //!   the server. [`StoreHealth::durable`] reports the server's settings.
@@ -64,7 +64,6 @@ use crate::store::{
 mod admin;
 mod claim;
 mod options;
-mod read_first;
 mod schema;
 #[cfg(feature = "sqlx")]
 mod sqlx;
@@ -84,7 +83,7 @@ pub use self::schema::SCHEMA_VERSION;
 pub use self::tls::{SslMode, TlsOptions};
 
 use self::claim::{Sql, Statement, decide_read, decode_claim, decode_record};
-use self::read_first::ReadFirst;
+use crate::store::read_first::{ONE, ReadFirst};
 
 const BACKEND: &str = "postgres";
 
@@ -93,6 +92,11 @@ const BACKEND: &str = "postgres";
 pub struct PostgresStore {
     inner: std::sync::Arc<Inner>,
 }
+
+/// The share of claims answered without writing from which a claim reads first. Over a claim
+/// statement, a read saves about a quarter of a round trip to a claim it answers and costs a
+/// whole one to a claim it does not: it pays from about four in five.
+const READ_FIRST_FROM: u32 = ONE / 5 * 4;
 
 struct Inner {
     pool: Pool,
@@ -354,7 +358,7 @@ impl PostgresStore {
                 pool,
                 sql: Sql::new(&options.schema),
                 replays: ReplayCache::new(options.replay_cache),
-                read_first: ReadFirst::default(),
+                read_first: ReadFirst::new(READ_FIRST_FROM),
                 encryption,
                 transaction_pooler: options.transaction_pooler,
                 response_timeout: options.response_timeout,

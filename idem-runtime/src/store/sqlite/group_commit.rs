@@ -15,6 +15,7 @@ use super::options::SqliteOptions;
 use super::{BACKEND, SqliteStore, closed, sql_error, unexpected};
 use crate::error::StoreError;
 use crate::store::Fenced;
+use crate::store::read_first::ReadFirst;
 use crate::store::replay_cache::ReplayCache;
 
 /// Most operations one transaction takes.
@@ -31,6 +32,8 @@ pub(super) struct Shared {
     /// Holds a read transaction for the readers; the leader unpins it while it writes.
     pub(super) keeper: KeeperCell,
     pub(super) replays: ReplayCache,
+    /// Whether a claim reads a snapshot before it queues, as the claims lately were answered.
+    pub(super) read_first: ReadFirst,
 }
 
 /// Writes waiting for the next commit, and whether a leader is at work.

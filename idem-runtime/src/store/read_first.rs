@@ -1,51 +1,47 @@
 //! Whether a claim reads before it claims: learned from how the claims lately were answered.
 //!
-//! The claim statement answers a new key in one round trip by reading and inserting under one
-//! snapshot; but a statement that may insert costs the server more than a plain `SELECT` even
-//! when it inserts nothing (it locks the table and its indexes for writing and plans the
-//! insert). When most claims find a record and answer without writing (a replay, a mismatch, a
-//! call in flight: a fleet retrying after an outage), a plain read decides them for less, and the
-//! few new keys pay one round trip more. When most claims write, they go straight to the claim
-//! statement. [`ReadFirst`] keeps a moving share of the claims that were answered without
-//! writing, and asks for the read first while that share is at least [`THRESHOLD`].
+//! A store whose claim can write answers a claim that finds a record (a replay, a mismatch, a
+//! call in flight) either by a plain read first or by the statement or transaction that may
+//! write, which decides from the same record but costs more: on Postgres a statement that may
+//! insert (it locks the table for writing and plans the insert), on SQLite a place in the group
+//! commit behind other callers' `fsync`s. A read first, on the other hand, is wasted on a new
+//! key, which the write reads again. Which costs less depends on the load: [`ReadFirst`] keeps a
+//! moving share of the claims that were answered without writing, and asks for the read first
+//! while that share is at least the backend's threshold.
 //!
 //! Either way the answers are the same: the read decides, by [`decide`](crate::store::decide),
-//! only what the claim statement would decide without writing (from a snapshot as fresh as the
-//! claim's own), and leaves everything else to it.
+//! only what the write would decide without writing (from a snapshot as fresh as the write's
+//! own), and leaves everything else to it.
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
-/// The share (out of [`ONE`]) of claims answered without writing, from which a claim reads
-/// first. Over a claim statement, a read saves about a quarter of a round trip to a claim it
-/// answers and costs a whole one to a claim it does not: it pays from about four in five.
-const THRESHOLD: u32 = ONE / 5 * 4;
-/// The whole share, in fixed point.
-const ONE: u32 = 1 << 16;
+/// The whole share, in fixed point: a threshold is a part of it.
+pub(crate) const ONE: u32 = 1 << 16;
 /// How much of the share each claim moves: about the last sixteen claims count.
 const WEIGHT_SHIFT: u32 = 4;
 
 /// A moving share of the claims answered without writing.
 #[derive(Debug)]
-pub(super) struct ReadFirst {
+pub(crate) struct ReadFirst {
     /// Out of [`ONE`].
     share: AtomicU32,
-    /// From which share a claim reads first ([`THRESHOLD`]; 0 makes every claim read first).
+    /// From which share a claim reads first (0 makes every claim read first).
     threshold: u32,
 }
 
-impl Default for ReadFirst {
-    fn default() -> Self {
+impl ReadFirst {
+    /// A policy under which claims read first while at least `threshold` (out of [`ONE`]) of
+    /// the claims lately were answered without writing; until claims are seen, they write.
+    pub(crate) const fn new(threshold: u32) -> Self {
         ReadFirst {
             share: AtomicU32::new(0),
-            threshold: THRESHOLD,
+            threshold,
         }
     }
-}
 
-impl ReadFirst {
     /// A policy under which every claim reads first (tests hold the read to the contract).
     #[cfg(test)]
-    pub(super) fn always() -> Self {
+    pub(crate) fn always() -> Self {
         ReadFirst {
             share: AtomicU32::new(0),
             threshold: 0,
@@ -53,7 +49,7 @@ impl ReadFirst {
     }
 
     /// Whether the next claim reads first.
-    pub(super) fn wanted(&self) -> bool {
+    pub(crate) fn wanted(&self) -> bool {
         self.share.load(Relaxed) >= self.threshold
     }
 
@@ -62,7 +58,7 @@ impl ReadFirst {
     ///
     /// Relaxed load and store: two claims noted at the same instant may count as one, which
     /// moves the share by a sixteenth and nothing else.
-    pub(super) fn note(&self, answered_without_writing: bool) {
+    pub(crate) fn note(&self, answered_without_writing: bool) {
         let share = self.share.load(Relaxed);
         let moved = share - (share >> WEIGHT_SHIFT)
             + if answered_without_writing {
@@ -78,9 +74,12 @@ impl ReadFirst {
 mod tests {
     use super::*;
 
+    /// Postgres's threshold: four claims in five.
+    const FOUR_IN_FIVE: u32 = ONE / 5 * 4;
+
     #[test]
     fn reads_first_through_a_run_of_replays_and_stops_when_claims_write_again() {
-        let policy = ReadFirst::default();
+        let policy = ReadFirst::new(FOUR_IN_FIVE);
         assert!(!policy.wanted(), "claims write until shown otherwise");
         let mut answered = 0;
         while !policy.wanted() {
@@ -101,7 +100,7 @@ mod tests {
 
     #[test]
     fn keeps_reading_first_when_nine_claims_in_ten_find_a_record() {
-        let policy = ReadFirst::default();
+        let policy = ReadFirst::new(FOUR_IN_FIVE);
         for _ in 0..100 {
             policy.note(true);
         }
@@ -115,5 +114,32 @@ mod tests {
             policy.note(n % 2 == 0);
         }
         assert!(!policy.wanted(), "half the claims write");
+    }
+
+    /// SQLite's threshold: one claim in eight. A run of new keys stops the reads; two or three
+    /// claims that find a record bring them back.
+    #[test]
+    fn stops_reading_first_through_new_keys_and_resumes_at_the_first_replays() {
+        let policy = ReadFirst::new(ONE / 8);
+        assert!(!policy.wanted(), "claims write until shown otherwise");
+        policy.note(true);
+        policy.note(true);
+        policy.note(true);
+        assert!(policy.wanted(), "three replays");
+        let mut wrote = 0;
+        while policy.wanted() {
+            policy.note(false);
+            wrote += 1;
+        }
+        assert!((1..=10).contains(&wrote), "{wrote} new keys");
+        for _ in 0..1_000 {
+            policy.note(false);
+        }
+        let mut answered = 0;
+        while !policy.wanted() {
+            policy.note(true);
+            answered += 1;
+        }
+        assert!((2..=3).contains(&answered), "{answered} replays");
     }
 }
