@@ -354,7 +354,7 @@ impl Decision {
     /// The claim's answer when the decision writes nothing (a replay answers with `result`), or
     /// `None` when it writes (an insert, a takeover, an orphan marked `unknown`): what a store
     /// that reads before it claims may answer from the read alone.
-    #[cfg(any(feature = "postgres", feature = "redis"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
     pub(crate) fn answer_without_writing(self, result: impl FnOnce() -> Vec<u8>) -> Option<Claim> {
         match self {
             Decision::Replay => Some(Claim::Completed { result: result() }),

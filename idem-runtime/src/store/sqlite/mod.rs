@@ -46,8 +46,8 @@ use crate::key::IdempotencyKey;
 use crate::store::read_first::{ONE, ReadFirst};
 use crate::store::replay_cache::ReplayCache;
 use crate::store::{
-    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Record, RecordStatus, Renewal,
-    Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, RecordStatus, Renewal, Store,
+    StoreFuture, StoreHealth, UnixMillis, after, decide,
 };
 
 mod admin;
@@ -228,20 +228,12 @@ impl Store for SqliteStore {
                 None
             };
             if let Some((held, result)) = snapshot {
-                let answer = match decide(Some(held), req.fingerprint, req.now, req.orphans) {
-                    Decision::Replay => {
-                        let result = result.unwrap_or_default();
-                        replays.put(&req, &result, held.expires_at);
-                        Some(Claim::Completed { result })
+                let decision = decide(Some(held), req.fingerprint, req.now, req.orphans);
+                if let Some(answer) = decision.answer_without_writing(|| result.unwrap_or_default())
+                {
+                    if let Claim::Completed { result } = &answer {
+                        replays.put(&req, result, held.expires_at);
                     }
-                    Decision::Mismatch => Some(Claim::Mismatch),
-                    Decision::InFlight { lease_expires_at } => {
-                        Some(Claim::InFlight { lease_expires_at })
-                    }
-                    Decision::Blocked => Some(Claim::Unknown),
-                    Decision::Insert | Decision::Takeover | Decision::MarkUnknown => None,
-                };
-                if let Some(answer) = answer {
                     read_first.note(true);
                     return Ok(answer);
                 }
