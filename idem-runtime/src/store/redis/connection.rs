@@ -28,9 +28,24 @@ use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+use redis::io::tcp::TcpSettings;
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError,
+    RedisFuture, RedisResult, Value,
 };
+
+/// The TCP settings of the connections the store opens: `TCP_NODELAY`, as Redis sets on its
+/// side. With Nagle's algorithm (redis-rs's default) the kernel holds back a request written
+/// while an earlier one's bytes are not yet acknowledged, the common case on a multiplexed
+/// connection with concurrent callers, until that acknowledgement arrives.
+pub(super) fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
+/// One server's URL as redis-rs connects to it, with [`tcp_settings`].
+pub(super) fn server_info(url: &str) -> RedisResult<ConnectionInfo> {
+    Ok(url.into_connection_info()?.set_tcp_settings(tcp_settings()))
+}
 
 /// A handle on the store's connection; clones share it.
 #[derive(Clone)]
@@ -347,5 +362,23 @@ impl ConnectionLike for Connection {
 
     fn get_db(&self) -> i64 {
         self.current().map_or(0, |(_, live)| live.get_db())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_info;
+
+    /// The store's own connections send each request at once (`TCP_NODELAY`), over TLS too;
+    /// the rest of the URL is redis-rs's to read.
+    #[test]
+    fn the_stores_connections_turn_nagles_algorithm_off() {
+        for url in ["redis://127.0.0.1:6379/2", "rediss://cache.internal:6380/0"] {
+            let info = server_info(url).expect("a valid URL");
+            assert!(info.tcp_settings().nodelay(), "{url}");
+        }
+        let info = server_info("redis://127.0.0.1:6379/2").expect("a valid URL");
+        assert_eq!(info.redis_settings().db(), 2);
+        assert!(server_info("http://127.0.0.1:6379/").is_err());
     }
 }

@@ -30,7 +30,8 @@
 //!   request's answer. An operation whose connection failed before the answer is sent again
 //!   once, on a new connection, and each script recognises its own token, so sending it twice is
 //!   harmless. A store operation therefore ends within two connection timeouts and two response
-//!   timeouts (`2 × 2 × timeout_ms`).
+//!   timeouts (`2 × 2 × timeout_ms`). The connections the store opens set `TCP_NODELAY`, so that
+//!   a request is sent as soon as it is written, even while others await their replies.
 //!
 //! **Durability depends on the server.** Redis answers a write before it reaches the disk. With
 //! `appendonly no` (the default of many installations) a restart of Redis forgets every claim,
@@ -61,8 +62,9 @@
 //!
 //! URL: `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB][?option=value&…]` with `prefix` (letters,
 //! digits, `_`, `-`, `.`; default `idem`), `timeout_ms` (connect and response timeout, default
-//! 5000) and `replay_cache` (KiB, default 1024, 0 turns it off). TLS (`rediss://`) is not
-//! supported by this build.
+//! 5000), `replay_cache` (KiB, default 1024, 0 turns it off) and the others [`RedisOptions`]
+//! lists (replicas to wait for, TLS files); `rediss://` for TLS, `redis+cluster://` for a
+//! cluster.
 
 use std::time::Duration;
 
@@ -242,6 +244,7 @@ impl RedisStore {
         };
         let conn = if options.cluster {
             let mut builder = redis::cluster::ClusterClient::builder(options.nodes.clone())
+                .tcp_settings(connection::tcp_settings())
                 .connection_timeout(options.timeout)
                 .response_timeout(options.timeout)
                 .retries(4);
@@ -251,10 +254,10 @@ impl RedisStore {
             let client = builder.build().map_err(malformed)?;
             Connection::to_cluster(client).await
         } else {
-            let url = options.nodes[0].as_str();
+            let server = connection::server_info(&options.nodes[0]).map_err(malformed)?;
             let client = match certificates {
-                Some(certificates) => redis::Client::build_with_tls(url, certificates),
-                None => redis::Client::open(url),
+                Some(certificates) => redis::Client::build_with_tls(server, certificates),
+                None => redis::Client::open(server),
             }
             .map_err(malformed)?;
             let config = AsyncConnectionConfig::new()
