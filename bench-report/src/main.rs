@@ -311,7 +311,9 @@ fn markdown(results: &Results) -> String {
     if plain.is_some() {
         out.push_str("\n## The HTTP layer\n\n");
         out.push_str(
-            "The same axum handler in process with and without `IdempotencyLayer`, on the memory store.\n\n",
+            "The same axum handler in process with and without `IdempotencyLayer`, on the memory \
+             store, sent the same request (its `Idempotency-Key` header too, which the handler \
+             alone ignores).\n\n",
         );
         out.push_str("| path | with the layer | without | time ratio |\n|---|---|---|---|\n");
         for path in ["fresh", "replay"] {

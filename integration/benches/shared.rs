@@ -250,7 +250,11 @@ struct RawRedis {
 
 impl RawRedis {
     async fn connect(url: &str) -> Self {
-        let mut conn = redis::Client::open(url)
+        use redis::IntoConnectionInfo as _;
+        // `TCP_NODELAY`, as idem's connection: each request leaves when it is written.
+        let nodelay = redis::io::tcp::TcpSettings::default().set_nodelay(true);
+        let info = url.into_connection_info().expect("url");
+        let mut conn = redis::Client::open(info.set_tcp_settings(nodelay))
             .expect("url")
             .get_multiplexed_async_connection()
             .await
@@ -268,6 +272,37 @@ impl RawRedis {
             .await
             .expect("set");
         RawRedis { conn, tenant }
+    }
+
+    /// Deletes the keys that match `pattern` (this run's), as the Postgres run drops its
+    /// schemas: the runs' records would otherwise stay for their TTL, and a server holding
+    /// millions of them answers every later run's lookups more slowly.
+    async fn purge(&self, pattern: &str) -> usize {
+        let mut conn = self.conn.clone();
+        let (mut cursor, mut deleted) = (0u64, 0);
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut conn)
+                .await
+                .expect("scan");
+            if !keys.is_empty() {
+                let unlinked: usize = redis::cmd("UNLINK")
+                    .arg(&keys)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("unlink");
+                deleted += unlinked;
+            }
+            if next == 0 {
+                return deleted;
+            }
+            cursor = next;
+        }
     }
 }
 
@@ -659,10 +694,18 @@ fn main() {
     }
     match &redis {
         Some(url) => {
+            // idem's records under a prefix of this run, deleted at the end with the raw keys.
+            let prefix = format!("idem-bench-{}", uuid::Uuid::new_v4().simple());
             let raw = Arc::new(rt.block_on(RawRedis::connect(url)));
+            let url = &with_option(url, &format!("prefix={prefix}"));
             replay(&mut c, "redis", url, &raw, &rt, &mut alternated);
             fresh(&mut c, "redis", url, &raw, &rt, &mut alternated);
             fresh_concurrent(&mut c, "redis", url, &raw, &rt, &mut alternated);
+            let deleted = rt.block_on(async {
+                raw.purge(&format!("{prefix}:*")).await
+                    + raw.purge(&format!("idem-bench-raw:{}:*", raw.tenant)).await
+            });
+            println!("deleted the run's {deleted} Redis keys");
         }
         None => println!("skipped Redis: set IDEM_TEST_REDIS_URL"),
     }
