@@ -42,8 +42,9 @@
 //! | an in-flight record, lease lapsed | same arguments | [`Outcome::Fresh`] (takeover) | yes |
 //!
 //! If the store cannot be reached the call fails closed with [`Error::Store`]: the body does not
-//! run. Keys, fingerprints and stores are described in [`idem_runtime`]; the options of the
-//! attribute in [`idempotent`].
+//! run. Keys, fingerprints and the `Store` trait are described in [`idem_core`], the call
+//! protocol and the runtime in [`idem_runtime`]; the options of the attribute in
+//! [`idempotent`].
 
 //!
 //! # Features
@@ -54,17 +55,71 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[doc(inline)]
+pub use idem_core::*;
+#[doc(inline)]
 pub use idem_runtime::*;
-// The same modules as the glob's, named again so that their features show on docs.rs.
+
+/// Stores: where claims and results live. The [`Store`](store::Store) trait, its records and
+/// the decision table are the core's ([`idem_core::store`]); each backend is a crate of its own,
+/// here under the name of its feature.
+pub mod store {
+    #[doc(inline)]
+    pub use idem_core::store::*;
+
+    /// The shared PostgreSQL store (feature `postgres`): the `idem-postgres` crate,
+    /// [`idem_postgres`].
+    #[cfg(feature = "postgres")]
+    pub mod postgres {
+        #[doc(inline)]
+        pub use idem_postgres::*;
+    }
+
+    /// The shared Redis store (feature `redis`): the `idem-redis` crate, [`idem_redis`].
+    #[cfg(feature = "redis")]
+    pub mod redis {
+        #[doc(inline)]
+        pub use idem_redis::*;
+    }
+
+    /// The embedded SQLite store (feature `sqlite`, the default): the `idem-sqlite` crate,
+    /// [`idem_sqlite`].
+    #[cfg(feature = "sqlite")]
+    pub mod sqlite {
+        #[doc(inline)]
+        pub use idem_sqlite::*;
+    }
+}
+
+/// HTTP on both sides of the wire (features `http-server` and `http-client`): the `idem-http`
+/// crate, [`idem_http`].
 #[cfg(any(feature = "http-server", feature = "http-client"))]
-#[doc(inline)]
-pub use idem_runtime::http;
+pub mod http {
+    #[doc(inline)]
+    pub use idem_http::*;
+}
+
+/// MCP tools with rmcp (feature `rmcp`): the `idem-mcp` crate, [`idem_mcp`].
 #[cfg(feature = "rmcp")]
-#[doc(inline)]
-pub use idem_runtime::mcp;
+pub mod mcp {
+    #[doc(inline)]
+    pub use idem_mcp::*;
+}
+
+/// rig tools (feature `rig`): the `idem-rig` crate, [`idem_rig`].
 #[cfg(feature = "rig")]
-#[doc(inline)]
-pub use idem_runtime::rig;
+pub mod rig {
+    #[doc(inline)]
+    pub use idem_rig::*;
+}
+
+/// What the `#[idempotent]` macro expands to calls: the runtime's, and the rig integration's
+/// key part of a tool context. Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    #[cfg(feature = "rig")]
+    pub use idem_rig::ContextKeyPart;
+    pub use idem_runtime::__private::*;
+}
 
 /// Makes an async tool function safe to retry.
 ///

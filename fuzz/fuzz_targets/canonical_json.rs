@@ -2,8 +2,8 @@
 //! idempotent, and equal documents have equal fingerprints.
 #![no_main]
 
-use idem_runtime::canonical::to_canonical_json;
-use idem_runtime::fingerprint;
+use idem_core::canonical::to_canonical_json;
+use idem_core::fingerprint;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use http::{HeaderMap, HeaderValue};
-use idem_runtime::http::{IDEMPOTENCY_KEY, parse_key_header};
+use idem_http::{IDEMPOTENCY_KEY, parse_key_header};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
         let Ok(Some(key)) = parse_key_header(&headers, lenient) else {
             continue;
         };
-        assert!(idem_runtime::validate_key_string(&key).is_ok(), "{key:?}");
+        assert!(idem_core::validate_key_string(&key).is_ok(), "{key:?}");
         let quoted = format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""));
         let mut again = HeaderMap::new();
         again.insert(IDEMPOTENCY_KEY, HeaderValue::from_str(&quoted).unwrap());

@@ -2,7 +2,7 @@
 //! made of a string is accepted exactly when the string is.
 #![no_main]
 
-use idem_runtime::key::KeyPart;
+use idem_core::key::KeyPart;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let valid =
         !text.is_empty() && text.len() <= 255 && text.bytes().all(|b| (0x21..=0x7e).contains(&b));
     assert_eq!(
-        idem_runtime::validate_key_string(text).is_ok(),
+        idem_core::validate_key_string(text).is_ok(),
         valid,
         "{text:?}"
     );

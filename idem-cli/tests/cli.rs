@@ -5,11 +5,15 @@
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::Fingerprint;
-use idem_runtime::key::{IdempotencyKey, KeyPart, derive_key};
-use idem_runtime::store::admin;
-use idem_runtime::store::conformance::test_server_url;
-use idem_runtime::store::{Claim, ClaimRequest, Completion, Orphans, RecordStatus};
+use idem_core::Fingerprint;
+use idem_core::key::{IdempotencyKey, KeyPart, derive_key};
+use idem_core::store::admin;
+use idem_core::store::conformance::test_server_url;
+use idem_core::store::{Claim, ClaimRequest, Completion, Orphans, RecordStatus};
+// The backends register their URL schemes when they are linked: naming them makes sure they are.
+use idem_postgres as _;
+use idem_redis as _;
+use idem_sqlite as _;
 
 const TENANT: &str = "tenant-cli";
 const SECRET: &str = "secret-run";

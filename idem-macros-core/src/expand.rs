@@ -8,8 +8,8 @@ use syn::spanned::Spanned;
 use syn::{Ident, ReturnType};
 
 use crate::args::{FieldPath, OnError, OnOrphan};
-use crate::ast::Tool;
-use crate::signature::{Kept, body_future, rewritten_signature, split_attrs};
+use crate::ast::{Ret, Tool};
+use crate::signature::{body_future, rewritten_signature, split_attrs};
 use crate::valid::{Checked, Form, Keyed};
 
 fn path_expr(path: &FieldPath, span: Span) -> TokenStream {
@@ -168,12 +168,7 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
                 ::idem::fingerprint::ToolArgument::add_to(&#ident, __idem_fingerprint, #name);
         }
     });
-    let kept = match keyed.on_error {
-        OnError::Release | OnError::Unknown => Kept::Value,
-        OnError::Store => Kept::ValueAndErrors,
-        OnError::Classify => Kept::ValueAndClassifiedErrors,
-    };
-    let body = body_future(tool, kept);
+    let body = body_future(tool);
     // Spanned at the return type: an error type that does not fit the policy is reported there.
     let policy = format_ident!("{}", keyed.on_error.names().0, span = return_span(tool));
     let call = match (&keyed.check, &tool.transaction) {
@@ -237,9 +232,100 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
         let __idem_key = ::idem::__private::KeyParts::new() #(#parts)*;
         let __idem_fingerprint = ::idem::__private::ArgsFingerprint::new(__IDEM_TOOL.skip);
         #(#args)*
-        let __idem_fingerprint = __idem_fingerprint.finish();
+        let __idem_fingerprint = ::idem::__private::finish_fingerprint(__idem_fingerprint);
         #call
     }
+}
+
+/// What a keyed tool keeps for its retries, as bounds of the tool itself, spanned at its return
+/// type: its value `T: ::idem::Replayable`, and its error `E: ::idem::StoredError` (`store`) or
+/// `E: ::idem::ClassifiedError` (`classify`). A type that cannot be kept is then one error, there:
+/// rustc checks the tool's own bounds once, and inside the tool they hold, so the runtime's bounds
+/// (the same traits) add nothing. (Bounds of the runtime's functions alone were reported again in
+/// incremental builds, naming idem's private items.)
+fn kept_bounds(tool: &Tool, keyed: &Keyed) -> Vec<syn::WherePredicate> {
+    let span = return_span(tool);
+    let error_trait = match keyed.on_error {
+        OnError::Release | OnError::Unknown => None,
+        OnError::Store => Some(quote_spanned!(span=> ::idem::StoredError)),
+        OnError::Classify => Some(quote_spanned!(span=> ::idem::ClassifiedError)),
+    };
+    match &tool.ret {
+        Ret::Explicit { ok, err } => {
+            let mut bounds = vec![syn::parse_quote_spanned! {span=> #ok: ::idem::Replayable }];
+            if let Some(error_trait) = error_trait {
+                bounds.push(syn::parse_quote_spanned! {span=> #err: #error_trait });
+            }
+            bounds
+        }
+        // What `ToolResult` says of a `Result` is stated too: where a return type that is not a
+        // `Result` is taken for one (after its one error), the body still type-checks.
+        Ret::Alias(ty) => {
+            let err_bound = error_trait.map(|t| quote_spanned!(span=> Err: #t,));
+            vec![syn::parse_quote_spanned! {span=>
+                #ty: ::idem::ToolResult<
+                    Ok: ::idem::Replayable,
+                    #err_bound
+                    Rewritten = ::core::result::Result<
+                        ::idem::Outcome<<#ty as ::idem::ToolResult>::Ok>,
+                        ::idem::Error<<#ty as ::idem::ToolResult>::Err>,
+                    >,
+                >
+            }]
+        }
+    }
+}
+
+/// For a tool whose kept types name its type parameters: the bounds above would make any type
+/// parameter fine here and refuse it at each call; instead a function of the tool's own generics
+/// (without those bounds) asks for them, so a type parameter bounded too loosely is one error at
+/// the tool, with rustc's hint to restrict it.
+fn kept_check(tool: &Tool, keyed: &Keyed) -> Option<TokenStream> {
+    let generics = &tool.item.sig.generics;
+    let span = return_span(tool);
+    let (ok, err) = match &tool.ret {
+        Ret::Explicit { ok, err } => (quote!(#ok), quote!(#err)),
+        Ret::Alias(ty) => (
+            quote!(<#ty as ::idem::ToolResult>::Ok),
+            quote!(<#ty as ::idem::ToolResult>::Err),
+        ),
+    };
+    let named = |tokens: &TokenStream| names_type_parameter(tokens.clone(), generics);
+    let mut checks = Vec::new();
+    if named(&ok) {
+        checks.push(quote_spanned!(span=> <#ok as ::idem::Replayable>::check();));
+    }
+    let error_trait = match keyed.on_error {
+        OnError::Release | OnError::Unknown => None,
+        OnError::Store => Some(quote_spanned!(span=> ::idem::StoredError)),
+        OnError::Classify => Some(quote_spanned!(span=> ::idem::ClassifiedError)),
+    };
+    if let Some(error_trait) = error_trait.filter(|_| named(&err)) {
+        checks.push(quote_spanned!(span=> <#err as #error_trait>::check();));
+    }
+    if checks.is_empty() {
+        return None;
+    }
+    let (impl_generics, _, where_clause) = generics.split_for_impl();
+    Some(quote! {
+        #[allow(dead_code, clippy::extra_unused_type_parameters)]
+        fn __idem_kept #impl_generics () #where_clause {
+            #(#checks)*
+        }
+    })
+}
+
+/// Whether `tokens` name one of the type parameters in `generics`.
+fn names_type_parameter(tokens: TokenStream, generics: &syn::Generics) -> bool {
+    let params: Vec<&Ident> = generics.type_params().map(|p| &p.ident).collect();
+    fn walk(tokens: TokenStream, params: &[&Ident]) -> bool {
+        tokens.into_iter().any(|tree| match tree {
+            proc_macro2::TokenTree::Ident(ident) => params.contains(&&ident),
+            proc_macro2::TokenTree::Group(group) => walk(group.stream(), params),
+            _ => false,
+        })
+    }
+    !params.is_empty() && walk(tokens, &params)
 }
 
 /// The idempotency contract in words, for the description an agent framework gives the model
@@ -336,18 +422,26 @@ pub fn generate(checked: &Checked) -> TokenStream {
     let (outer, inner) = split_attrs(&tool.item);
     let contract = contract_docs(checked);
     let vis = &tool.item.vis;
-    let sig = rewritten_signature(tool);
+    let mut sig = rewritten_signature(tool);
+    let mut kept = None;
+    if let Form::Keyed(keyed) = &checked.form {
+        kept = kept_check(tool, keyed);
+        sig.generics
+            .make_where_clause()
+            .predicates
+            .extend(kept_bounds(tool, keyed));
+    }
     let registration = registration(checked);
     let call = match &checked.form {
         Form::Keyed(keyed) => keyed_call(tool, keyed),
         Form::Natural => {
-            let body = body_future(tool, Kept::Nothing);
+            let body = body_future(tool);
             quote_spanned!(return_span(tool)=> ::idem::__private::run_natural(&__IDEM_TOOL, #body).await)
         }
         Form::StateCheck(path) => {
             // The check borrows the arguments and finishes before the body takes them.
             let check = check_call(tool, path, false);
-            let body = body_future(tool, Kept::Nothing);
+            let body = body_future(tool);
             quote! {
                 let __idem_found = #check;
                 ::idem::__private::run_checked(&__IDEM_TOOL, __idem_found, #body).await
@@ -360,6 +454,7 @@ pub fn generate(checked: &Checked) -> TokenStream {
         #vis #sig {
             #(#inner)*
             #registration
+            #kept
             #call
         }
     }

@@ -7,7 +7,7 @@ use quote::quote;
 use syn::ItemFn;
 
 use crate::ast::Tool;
-use crate::signature::{Kept, body_future, rewritten_signature, split_attrs};
+use crate::signature::{body_future, rewritten_signature, split_attrs};
 
 pub fn expand(error: syn::Error, item: ItemFn, transactional: bool) -> TokenStream {
     let errors = error.to_compile_error();
@@ -19,7 +19,7 @@ pub fn expand(error: syn::Error, item: ItemFn, transactional: bool) -> TokenStre
     let (outer, inner) = split_attrs(&tool.item);
     let vis = &tool.item.vis;
     let sig = rewritten_signature(&tool);
-    let mut body = body_future(&tool, Kept::Nothing);
+    let mut body = body_future(&tool);
     if let Some(t) = &tool.transaction {
         // Not a parameter callers see, but the body names it: an async closure never called
         // lends it.

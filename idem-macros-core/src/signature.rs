@@ -39,60 +39,21 @@ pub fn rewritten_signature(tool: &Tool) -> syn::Signature {
     sig
 }
 
-/// What the first call of a tool keeps for its retries, so what its values must allow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kept {
-    /// Nothing (natural tools, state checks without a key, the fallback).
-    Nothing,
-    /// The success value; errors release or block.
-    Value,
-    /// The value, and the errors (`on_error = "store"`).
-    ValueAndErrors,
-    /// The value, and the errors the error type classifies `Store` (`on_error = "classify"`).
-    ValueAndClassifiedErrors,
-}
-
 /// `async move { let __idem_out: R = { body }; ToolResult::into_result(__idem_out) }`: the body
 /// as a future of a plain `Result`, whose type errors are reported at the user's own
 /// expressions, and a return type that is not a `Result` at that type (once: the signature's
 /// projection reports the same).
 ///
-/// What the tool keeps goes through `Replayable::checked` (the value) and `StoredError::checked`
-/// or `ClassifiedError::checked` (the error), at the return type: a type that cannot be kept
-/// is one error there, and the runtime's own bounds see only the failed projection, which
-/// reports nothing more.
-pub fn body_future(tool: &Tool, kept: Kept) -> TokenStream {
+/// What a keyed tool keeps (its value, and its errors under `store` and `classify`) is bounded
+/// by the tool's own where-clause, not here (see `expand::kept_bounds`).
+pub fn body_future(tool: &Tool) -> TokenStream {
     let block = &tool.item.block;
     let (ret, span) = match &tool.item.sig.output {
         ReturnType::Type(_, ty) => (quote!(#ty), ty.span()),
         ReturnType::Default => (quote!(()), Span::call_site()),
     };
-    // At the return type, where the runtime call is spanned too: rustc reports the runtime's
-    // own bounds on the same types at the same place once, with these messages. (At `T` or `E`
-    // themselves, the runtime's bounds would be reported again, in the runtime's words.)
-    let value = match kept {
-        Kept::Nothing => quote!(__idem_value),
-        _ => quote_spanned!(span=> ::idem::Replayable::checked(__idem_value)),
-    };
-    let error = match kept {
-        Kept::Nothing | Kept::Value => quote!(__idem_error),
-        Kept::ValueAndErrors => {
-            quote_spanned!(span=> ::idem::StoredError::checked(__idem_error))
-        }
-        Kept::ValueAndClassifiedErrors => {
-            quote_spanned!(span=> ::idem::ClassifiedError::checked(__idem_error))
-        }
-    };
-    let into_result = if kept == Kept::Nothing {
-        quote_spanned!(span=> ::idem::ToolResult::into_result(__idem_out))
-    } else {
-        quote_spanned! {span=>
-            match ::idem::ToolResult::into_result(__idem_out) {
-                ::core::result::Result::Ok(__idem_value) => ::core::result::Result::Ok(#value),
-                ::core::result::Result::Err(__idem_error) => ::core::result::Result::Err(#error),
-            }
-        }
-    };
+    // At the return type, where the runtime call is spanned too.
+    let into_result = quote_spanned!(span=> ::idem::ToolResult::into_result(__idem_out));
     quote! {
         async move {
             #[allow(unreachable_code, clippy::diverging_sub_expression)]

@@ -1,7 +1,7 @@
 //! What the `#[idempotent]` macro expands to calls. Not a public API: it changes without notice.
 //!
 //! The generated code is thin: it collects the key parts (through the probes here), feeds each
-//! argument to the fingerprint ([`ToolArgument`](crate::fingerprint::ToolArgument)), and hands the original body, as a future, to
+//! argument to the fingerprint ([`ToolArgument`](idem_core::fingerprint::ToolArgument)), and hands the original body, as a future, to
 //! [`run_keyed`], [`run_keyed_checked`], [`run_checked`] or [`run_natural`], naming the tool's
 //! `on_error` policy ([`ReleaseErrors`], …). Only what the generated code names is here; the
 //! call itself is the crate's call protocol (`protocol`), ordinary, unit-tested Rust.
@@ -10,27 +10,24 @@ use std::future::Future;
 
 use serde::Serialize;
 
+pub use idem_core::key::KeyPartProbe;
 pub use inventory;
 
-pub use crate::fingerprint::ArgsFingerprint;
 pub use crate::protocol::call::KeyParts;
 pub use crate::protocol::policy::{
-    ClassifiedError, ClassifiedErrors, ErrorHandling, ReleaseErrors, StorableError, StorableResult,
-    StoreErrors, UnknownErrors,
+    ClassifiedErrors, ErrorHandling, ReleaseErrors, StoreErrors, UnknownErrors,
 };
 pub use crate::registry::{ErrorPolicy, OrphanPolicy, Registration, ToolInfo};
+pub use idem_core::fingerprint::ArgsFingerprint;
 
-use crate::canonical::CanonicalError;
-use crate::error::{Error, ErrorClass};
-use crate::fingerprint::Fingerprint;
-use crate::key::{InvalidKey, KeyPart};
-use crate::outcome::Outcome;
+use idem_core::canonical::CanonicalError;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::{InvalidKey, KeyPart};
+use idem_core::{Error, ErrorClass, Outcome};
+
 use crate::protocol::call::{self, NoCheck, StateCheck};
-
-/// Wraps a key part value so that method resolution can tell `Option<_>` parts (optional keys)
-/// from every other type (autoref specialization; see [`OptionalKeyPart`] and
-/// [`RequiredKeyPart`]).
-pub struct KeyPartProbe<'a, T: ?Sized>(pub &'a T);
+use crate::protocol::checked::CheckedAnswer;
+use crate::value::{Checked, Replayable};
 
 /// Chosen for `Option<T>` parts: `None` means the caller gave no key.
 pub trait OptionalKeyPart {
@@ -58,7 +55,7 @@ impl<T: Serialize + ?Sized> RequiredKeyPart for &KeyPartProbe<'_, T> {
 
 /// Chosen last for a part that is a parameter itself, when its type is not `Serialize`: every
 /// parameter is also an argument, and the argument's check
-/// ([`ToolArgument`](crate::fingerprint::ToolArgument)) is the one error
+/// ([`ToolArgument`](idem_core::fingerprint::ToolArgument)) is the one error
 /// such a tool gets, so this never runs.
 pub trait ArgumentKeyPart {
     /// Not reached: the tool does not compile.
@@ -71,51 +68,55 @@ impl<T: ?Sized> ArgumentKeyPart for &KeyPartProbe<'_, T> {
     }
 }
 
-/// Chosen for a rig `ToolContext` named as a key part (feature `rig`): its
-/// `idem::rig::RunStep`, put there by the agent loop. Without the feature the trait
-/// has no impl and a context part is an ordinary (unserializable) argument.
+/// Chosen for a rig `ToolContext` named as a key part: without the rig integration
+/// (`idem-rig`, the facade's feature `rig`) it has no impl, and a context part is an ordinary
+/// (unserializable) argument. With it, the facade names `idem_rig`'s trait of the same name,
+/// implemented for the context.
 pub trait ContextKeyPart {
     /// The canonical key part, or `None` when the context holds no run step.
     fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey>;
 }
 
-#[cfg(feature = "rig")]
-impl ContextKeyPart for KeyPartProbe<'_, &mut rig_core::tool::ToolContext> {
-    fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey> {
-        crate::rig::context_key_part(self.0)
-    }
-}
-
-#[cfg(feature = "rig")]
-impl ContextKeyPart for KeyPartProbe<'_, &rig_core::tool::ToolContext> {
-    fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey> {
-        crate::rig::context_key_part(self.0)
-    }
+/// Finishes the fingerprint of a keyed call's arguments under the running scope's limit
+/// ([`Idem::max_argument_bytes`](crate::Idem::max_argument_bytes); outside a scope
+/// [`DEFAULT_MAX_ARGUMENT_BYTES`](crate::DEFAULT_MAX_ARGUMENT_BYTES)).
+pub fn finish_fingerprint(args: ArgsFingerprint<'_>) -> Result<Fingerprint, CanonicalError> {
+    let limit = crate::Scope::with_current(|scope| {
+        scope.map_or(crate::DEFAULT_MAX_ARGUMENT_BYTES, |s| {
+            s.idem().max_argument_bytes()
+        })
+    });
+    args.finish(limit)
 }
 
 /// Runs a keyed tool: claim, run the body at most once, settle the record as `policy` says.
 /// The body is the user's, its value already a plain `Result` (`ToolResult::into_result`, in
 /// the generated code, at the return type: a return type that is not a `Result` is one error
 /// there, and the bounds below then hold for the error type without more noise).
-pub fn run_keyed<H, T, E, F>(
+///
+/// The value's one bound is [`Replayable`], the bound the attribute puts on the tool itself:
+/// inside the tool it holds, so a value that cannot be stored is one error, the tool's.
+pub fn run_keyed<H, V, E, F>(
     tool: &'static ToolInfo,
     _policy: H,
     key: KeyParts,
     fingerprint: Result<Fingerprint, CanonicalError>,
     body: F,
-) -> impl Future<Output = Result<Outcome<T>, Error<E>>>
+) -> impl Future<Output = Result<Outcome<V>, Error<E>>>
 where
     E: ErrorHandling<H>,
-    T: StorableResult,
-    F: Future<Output = Result<T, E>>,
+    V: Replayable,
+    F: Future<Output = Result<V, E>>,
 {
-    let body = move |()| body;
-    call::run::<_, _, H, _, _, _, _>(tool, key, fingerprint, (), NoCheck, body)
+    let body = move |()| async move { body.await.map(Checked) };
+    let run = call::run::<Checked<V>, _, H, _, _, _, _>(tool, key, fingerprint, (), NoCheck, body);
+    async move { run.await.map(|outcome| outcome.map(|checked| checked.0)) }
 }
 
 /// Runs a keyed tool with a state check (`check = …`) that reconciles orphans and `unknown`
-/// records. `args` are the tool's arguments, lent to `check` and then given to `body`.
-pub fn run_keyed_checked<H, T, E, A, C, B, F>(
+/// records. `args` are the tool's arguments, lent to `check` and then given to `body`. The value
+/// as for [`run_keyed`].
+pub fn run_keyed_checked<H, V, E, A, C, B, F>(
     tool: &'static ToolInfo,
     _policy: H,
     key: KeyParts,
@@ -123,16 +124,21 @@ pub fn run_keyed_checked<H, T, E, A, C, B, F>(
     args: A,
     check: C,
     body: B,
-) -> impl Future<Output = Result<Outcome<T>, Error<E>>>
+) -> impl Future<Output = Result<Outcome<V>, Error<E>>>
 where
     E: ErrorHandling<H>,
-    T: StorableResult,
-    C: AsyncFnOnce(&A) -> Result<Option<T>, E>,
+    V: Replayable,
+    C: AsyncFnOnce(&A) -> Result<Option<V>, E>,
     B: FnOnce(A) -> F,
-    F: Future<Output = Result<T, E>>,
+    F: Future<Output = Result<V, E>>,
 {
-    let check = StateCheck(check);
-    call::run::<_, _, H, _, _, _, _>(tool, key, fingerprint, args, check, body)
+    let check = CheckedAnswer(StateCheck(check));
+    let body = move |args| {
+        let body = body(args);
+        async move { body.await.map(Checked) }
+    };
+    let run = call::run::<Checked<V>, _, H, _, _, _, _>(tool, key, fingerprint, args, check, body);
+    async move { run.await.map(|outcome| outcome.map(|checked| checked.0)) }
 }
 
 /// Runs a tool decided by its state check alone (no key): `found` is the check's answer, made

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use crate::key::{DownstreamKey, IdempotencyKey, KeyHash, derive_downstream_key};
-use crate::protocol::lease::LeaseState;
+use crate::lease_state::LeaseState;
+use idem_core::key::{DownstreamKey, IdempotencyKey, KeyHash, derive_downstream_key};
 
 tokio::task_local! {
     static CURRENT: Current;
@@ -52,7 +52,7 @@ impl Current {
     /// Whether this call lost its lease: the store refused a renewal (another call took the
     /// key over), or could not be reached until the last lease it confirmed lapsed. Another call
     /// may then be running the same intent, and this call's completion will be refused if it
-    /// did take the key over ([`Error::LeaseLost`](crate::Error::LeaseLost)). Once lost, lost.
+    /// did take the key over ([`Error::LeaseLost`](idem_core::Error::LeaseLost)). Once lost, lost.
     pub fn is_lease_lost(&self) -> bool {
         self.lease.is_lost()
     }

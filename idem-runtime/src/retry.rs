@@ -2,10 +2,9 @@
 //! so the same key, while that can help, and dead-letters the step when it cannot.
 //!
 //! ```no_run
-//! # use idem_runtime as idem;
-//! # async fn charge(run: String) -> Result<idem::Outcome<u64>, idem::Error<String>> { todo!() }
-//! # async fn f(idem: idem::Idem) {
-//! use idem::retry::{RetryPolicy, retry};
+//! # async fn charge(run: String) -> Result<idem_core::Outcome<u64>, idem_core::Error<String>> { todo!() }
+//! # async fn f(idem: idem_runtime::Idem) {
+//! use idem_runtime::retry::{RetryPolicy, retry};
 //!
 //! let tenant = idem.scope("tenant-a");
 //! let out = tenant
@@ -33,12 +32,12 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::key::{IdempotencyKey, KeyHash, KeyPart, derive_key};
-use crate::outcome::Outcome;
 use crate::protocol::{Claiming, Intent, claim};
 use crate::runtime::{Idem, Scope};
-use crate::store::{Orphans, RecordStatus, UnixMillis};
+use idem_core::Outcome;
+use idem_core::key::{IdempotencyKey, KeyHash, KeyPart, derive_key};
+use idem_core::store::{Orphans, RecordStatus, UnixMillis};
+use idem_core::{Error, StoreError, StoreErrorKind};
 
 /// How calls are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,7 +249,7 @@ fn transient(e: &StoreError) -> bool {
 
 /// The key of the dead-letter entry of a step: one per step, so writing it twice is harmless.
 fn dead_letter_key(tenant: &str, key: &IdempotencyKey) -> IdempotencyKey {
-    let part = KeyPart::new(&crate::hex::encode(key.as_bytes())).expect("64 hex digits");
+    let part = KeyPart::new(&idem_core::hex::encode(key.as_bytes())).expect("64 hex digits");
     derive_key(tenant, DEAD_LETTER_TOOL, &[part])
 }
 
@@ -284,7 +283,7 @@ async fn dead_letter(
         tenant: scope.shared_tenant(),
         key: entry_key,
         tool: DEAD_LETTER_TOOL,
-        fingerprint: crate::fingerprint::Fingerprint::from_bytes([0; 32]),
+        fingerprint: idem_core::fingerprint::Fingerprint::from_bytes([0; 32]),
         lease: Duration::from_secs(30),
         ttl: DEAD_LETTER_TTL,
         orphans: Orphans::TakeOver,
@@ -335,7 +334,7 @@ impl Idem {
                 .find(|r| r.tool == DEAD_LETTER_TOOL && r.key.short_hash().to_string() == id)
             {
                 let deleted = admin.delete(tenant, record.key).await?;
-                return Ok(deleted == crate::store::Fenced::Applied);
+                return Ok(deleted == idem_core::store::Fenced::Applied);
             }
             match page.next {
                 Some(next) => cursor = Some(next),
@@ -346,7 +345,7 @@ impl Idem {
 }
 
 /// Decodes a dead-letter record.
-fn decode(record: &crate::store::Record) -> Option<DeadLetter> {
+fn decode(record: &idem_core::store::Record) -> Option<DeadLetter> {
     (record.tool == DEAD_LETTER_TOOL && record.status == RecordStatus::Completed)
         .then(|| serde_json::from_slice(record.result.as_deref()?).ok())
         .flatten()

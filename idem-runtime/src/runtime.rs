@@ -4,10 +4,12 @@ use std::future::Future;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock};
-use crate::error::{OpenError, StoreError};
-use crate::store::admin::AdminStore;
-use crate::store::{Store, StoreHealth};
+use idem_core::clock::{Clock, SystemClock};
+use idem_core::store::admin::AdminStore;
+use idem_core::store::{Store, StoreHealth};
+use idem_core::{OpenError, StoreError};
+
+use crate::store_handle::IdemStore;
 
 /// Default time a record lives: 24 hours, Stripe's minimum and the IETF draft's example.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -23,7 +25,7 @@ pub const DEFAULT_MAX_ARGUMENT_BYTES: usize = 1 << 20;
 /// The idem runtime: a store and the defaults of every call. Cheap to clone.
 ///
 /// ```no_run
-/// # async fn f() -> Result<(), idem_runtime::OpenError> {
+/// # async fn f() -> Result<(), idem_core::OpenError> {
 /// let idem = idem_runtime::Idem::open("sqlite://idem.db").await?;
 /// let tenant = idem.scope("tenant-a");
 /// // tenant.run(register_payment(…)).await
@@ -35,7 +37,7 @@ pub struct Idem {
 }
 
 struct Inner {
-    store: Arc<dyn Store>,
+    store: IdemStore,
     /// The same store, for operators' operations, when it is a built-in one opened by URL.
     admin: Option<Arc<dyn AdminStore>>,
     ttl: Duration,
@@ -105,16 +107,17 @@ impl Idem {
         *INSTALLED.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// The store.
-    pub fn store(&self) -> &dyn Store {
-        &*self.inner.store
+    /// The store: every [`Store`] operation, and the backend's own store under it
+    /// ([`IdemStore::postgres`]).
+    pub fn store(&self) -> &IdemStore {
+        &self.inner.store
     }
 
     pub(crate) fn admin(&self) -> Result<&dyn AdminStore, StoreError> {
         self.inner.admin.as_deref().ok_or_else(|| {
             StoreError::new(
                 self.inner.store.backend(),
-                crate::error::StoreErrorKind::Other,
+                idem_core::StoreErrorKind::Other,
                 "this store was built by hand and has no admin side: open it by URL",
             )
         })
@@ -223,7 +226,7 @@ impl IdemBuilder {
     }
 
     /// The largest result a record keeps (default [`DEFAULT_MAX_RESULT_BYTES`]). A larger one is
-    /// never truncated: the call answers [`Error::ResultTooLarge`](crate::Error::ResultTooLarge),
+    /// never truncated: the call answers [`Error::ResultTooLarge`](idem_core::Error::ResultTooLarge),
     /// and so does every retry, since the effect happened and cannot be replayed.
     pub fn max_result_bytes(mut self, bytes: usize) -> Self {
         self.max_result_bytes = bytes;
@@ -232,8 +235,8 @@ impl IdemBuilder {
 
     /// The largest argument list a keyed call fingerprints, as canonical JSON (default
     /// [`DEFAULT_MAX_ARGUMENT_BYTES`]). A call with larger arguments fails before the store is
-    /// touched and before the body runs ([`Error::Unfingerprintable`](crate::Error::Unfingerprintable)
-    /// with [`CanonicalError::TooLarge`](crate::canonical::CanonicalError::TooLarge)): arguments
+    /// touched and before the body runs ([`Error::Unfingerprintable`](idem_core::Error::Unfingerprintable)
+    /// with [`CanonicalError::TooLarge`](idem_core::canonical::CanonicalError::TooLarge)): arguments
     /// that large belong in a store of their own, passed to the tool by reference.
     pub fn max_argument_bytes(mut self, bytes: usize) -> Self {
         self.max_argument_bytes = bytes;
@@ -267,7 +270,7 @@ impl IdemBuilder {
     fn build_arc(self, store: Arc<dyn Store>, admin: Option<Arc<dyn AdminStore>>) -> Idem {
         Idem {
             inner: Arc::new(Inner {
-                store,
+                store: IdemStore::new(store),
                 admin,
                 ttl: self.ttl,
                 lease: self.lease,
@@ -288,15 +291,15 @@ impl IdemBuilder {
     ///   absolute);
     /// - `postgres://USER@HOST[:PORT]/DATABASE[?schema=NAME&pool_size=N&sslmode=…]` (also
     ///   `postgresql://`): the shared store for many processes and machines, TLS as libpq (see
-    ///   [`store::postgres`](crate::store::postgres) for every option);
+    ///   `idem::store::postgres` for every option);
     /// - `redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME…]`, `rediss://…` (TLS),
     ///   `redis+cluster://HOST:PORT[,HOST:PORT…]` and `rediss+cluster://…` (a Redis Cluster):
     ///   the shared store whose records expire on their own (see
-    ///   [`store::redis`](crate::store::redis)).
+    ///   `idem::store::redis`).
     ///
     /// Passwords never appear in errors (`postgres://app:***@db/…`).
     pub async fn open(self, url: &str) -> Result<Idem, OpenError> {
-        let admin = crate::store::open::open(url).await?;
+        let admin = idem_core::store::admin::open(url).await?;
         let store: Arc<dyn Store> = admin.clone();
         Ok(self.build_arc(store, Some(admin)))
     }

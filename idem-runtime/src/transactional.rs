@@ -5,7 +5,7 @@
 //! `&mut tokio_postgres::Transaction<'_>` (feature `postgres`, idem's own pool; re-exported as
 //! `idem::store::postgres::tokio_postgres`), or `&mut sqlx::PgConnection` (feature `sqlx`, sqlx
 //! 0.8, on the pool you hand the store with
-//! [`PostgresStore::use_sqlx`](crate::store::postgres::PostgresStore::use_sqlx); write
+//! [`PostgresStore::use_sqlx`](idem_postgres::PostgresStore::use_sqlx); write
 //! `.execute(&mut *tx)` as in any sqlx transaction). The claim of its key, the tool's own writes and
 //! its recorded result commit in that one transaction (the "atomic phase" of Stripe's published
 //! design): a crash, a cancellation or an error at any point leaves all of it or none of it, and
@@ -15,8 +15,7 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "postgres")] mod example {
-//! # use idem_runtime as idem;
-//! use idem::store::postgres::tokio_postgres::{self, Transaction};
+//! use idem_postgres::tokio_postgres::{self, Transaction};
 //!
 //! // #[idempotent(key = "run_id, step_id", mutating, transactional)]
 //! async fn create_order(
@@ -59,13 +58,16 @@
 
 use std::future::Future;
 
-use crate::canonical::CanonicalError;
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::outcome::Outcome;
+use idem_core::canonical::CanonicalError;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::{Error, Outcome};
+#[cfg(feature = "postgres")]
+use idem_postgres::tokio_postgres;
+
 use crate::protocol::call::KeyParts;
-use crate::protocol::policy::{ErrorHandling, StorableResult};
+use crate::protocol::policy::ErrorHandling;
 use crate::registry::ToolInfo;
+use crate::value::Replayable;
 
 /// The transactions a transactional tool (`#[idempotent(…, transactional)]`) can take as its
 /// first parameter, by the type the parameter points to: the driver is chosen by the type the
@@ -82,37 +84,37 @@ pub trait Transactional {
     /// Runs the tool: claim, `body` on the transaction, and the record, committed together.
     /// Called by the code `#[idempotent]` generates.
     #[doc(hidden)]
-    fn run<H, T, E, B>(
+    fn run<H, V, E, B>(
         tool: &'static ToolInfo,
         policy: H,
         key: KeyParts,
         fingerprint: Result<Fingerprint, CanonicalError>,
         body: B,
-    ) -> impl Future<Output = Result<Outcome<T>, Error<E>>>
+    ) -> impl Future<Output = Result<Outcome<V>, Error<E>>>
     where
         E: ErrorHandling<H>,
-        T: StorableResult,
-        B: for<'a, 't> AsyncFnOnce(&'a mut Self::Of<'t>) -> Result<T, E>;
+        V: Replayable,
+        B: for<'a, 't> AsyncFnOnce(&'a mut Self::Of<'t>) -> Result<V, E>;
 }
 
 #[cfg(feature = "postgres")]
 impl Transactional for tokio_postgres::Transaction<'_> {
     type Of<'t> = tokio_postgres::Transaction<'t>;
 
-    fn run<H, T, E, B>(
+    fn run<H, V, E, B>(
         tool: &'static ToolInfo,
         _policy: H,
         key: KeyParts,
         fingerprint: Result<Fingerprint, CanonicalError>,
         body: B,
-    ) -> impl Future<Output = Result<Outcome<T>, Error<E>>>
+    ) -> impl Future<Output = Result<Outcome<V>, Error<E>>>
     where
         E: ErrorHandling<H>,
-        T: StorableResult,
-        B: for<'a, 't> AsyncFnOnce(&'a mut tokio_postgres::Transaction<'t>) -> Result<T, E>,
+        V: Replayable,
+        B: for<'a, 't> AsyncFnOnce(&'a mut tokio_postgres::Transaction<'t>) -> Result<V, E>,
     {
         use crate::protocol::transactional::{TokioPostgres, run};
-        run::<TokioPostgres, T, E, H, B>(tool, key, fingerprint, body)
+        run::<TokioPostgres, V, E, H, B>(tool, key, fingerprint, body)
     }
 }
 
@@ -120,19 +122,19 @@ impl Transactional for tokio_postgres::Transaction<'_> {
 impl Transactional for sqlx::PgConnection {
     type Of<'t> = sqlx::PgConnection;
 
-    fn run<H, T, E, B>(
+    fn run<H, V, E, B>(
         tool: &'static ToolInfo,
         _policy: H,
         key: KeyParts,
         fingerprint: Result<Fingerprint, CanonicalError>,
         body: B,
-    ) -> impl Future<Output = Result<Outcome<T>, Error<E>>>
+    ) -> impl Future<Output = Result<Outcome<V>, Error<E>>>
     where
         E: ErrorHandling<H>,
-        T: StorableResult,
-        B: for<'a, 't> AsyncFnOnce(&'a mut sqlx::PgConnection) -> Result<T, E>,
+        V: Replayable,
+        B: for<'a, 't> AsyncFnOnce(&'a mut sqlx::PgConnection) -> Result<V, E>,
     {
         use crate::protocol::transactional::{Sqlx, run};
-        run::<Sqlx, T, E, H, B>(tool, key, fingerprint, body)
+        run::<Sqlx, V, E, H, B>(tool, key, fingerprint, body)
     }
 }

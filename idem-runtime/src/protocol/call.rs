@@ -10,15 +10,15 @@ use serde::de::DeserializeOwned;
 use super::policy::ErrorHandling;
 use super::record::{encode_value, too_large_marker, too_large_record};
 use super::{Claimed, Claiming, Intent, claim};
-use crate::canonical::CanonicalError;
-use crate::error::{Error, ErrorClass};
-use crate::fingerprint::Fingerprint;
-use crate::key::{EncodedParts, IdempotencyKey, InvalidKey, KeyPart};
-use crate::outcome::{InFlight, Mismatch, Outcome, Unknown};
 use crate::registry::ToolInfo;
 use crate::runtime::Scope;
-use crate::store::{Fenced, Orphans, RecordStatus};
 use crate::telemetry::Observation;
+use idem_core::canonical::CanonicalError;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::{EncodedParts, IdempotencyKey, InvalidKey, KeyPart};
+use idem_core::store::{Fenced, Orphans, RecordStatus};
+use idem_core::{Error, ErrorClass};
+use idem_core::{InFlight, Mismatch, Outcome, Unknown};
 
 /// The key parts of one call, collected in declaration order.
 pub struct KeyParts {
@@ -408,15 +408,15 @@ mod tests {
     use std::time::Duration;
 
     use super::{KeyParts, NoCheck, StateCheck, run};
-    use crate::error::{Error, ErrorClass};
-    use crate::fingerprint::Fingerprint;
-    use crate::key::KeyPart;
-    use crate::outcome::Outcome;
     use crate::protocol::policy::{ReleaseErrors, StoreErrors, UnknownErrors};
     use crate::registry::ToolInfo;
     use crate::runtime::Idem;
-    use crate::store::faulty::{Faults, FaultyStore};
-    use crate::store::memory::MemoryStore;
+    use idem_core::Outcome;
+    use idem_core::fingerprint::Fingerprint;
+    use idem_core::key::KeyPart;
+    use idem_core::store::faulty::{Faults, FaultyStore};
+    use idem_core::store::memory::MemoryStore;
+    use idem_core::{Error, ErrorClass};
 
     static TOOL: ToolInfo = ToolInfo::new("call.test", "charge", "m", "f.rs", 1)
         .stable_name()
@@ -430,7 +430,7 @@ mod tests {
         KeyParts::new().part("run", KeyPart::new(run).map(Some))
     }
 
-    fn fingerprint(amount: u8) -> Result<Fingerprint, crate::canonical::CanonicalError> {
+    fn fingerprint(amount: u8) -> Result<Fingerprint, idem_core::canonical::CanonicalError> {
         Ok(Fingerprint::from_bytes([amount; 32]))
     }
 
@@ -556,7 +556,7 @@ mod tests {
                     &idem,
                     &crate::protocol::Intent {
                         tenant: "t".into(),
-                        key: crate::key::derive_key(
+                        key: idem_core::key::derive_key(
                             "t",
                             "call.short",
                             &[KeyPart::new("orphan").unwrap()],
@@ -565,7 +565,7 @@ mod tests {
                         fingerprint: Fingerprint::from_bytes([3; 32]),
                         lease: Duration::from_millis(1),
                         ttl: Duration::from_secs(60),
-                        orphans: crate::store::Orphans::Reconcile,
+                        orphans: idem_core::store::Orphans::Reconcile,
                     },
                 )
                 .await

@@ -19,47 +19,11 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
 use super::Claimed;
-use crate::store::{Fenced, Renewal, UnixMillis, after};
-
-/// Whether a claim still holds its lease, as the body may ask.
-#[derive(Debug, Default)]
-pub(crate) struct LeaseState {
-    lost: AtomicBool,
-    notify: Notify,
-}
-
-impl LeaseState {
-    /// Whether the lease was lost.
-    pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
-    }
-
-    /// Completes once the lease is lost.
-    pub async fn lost(&self) {
-        let mut notified = pin!(self.notify.notified());
-        loop {
-            notified.as_mut().enable();
-            if self.is_lost() {
-                return;
-            }
-            notified.as_mut().await;
-            notified.set(self.notify.notified());
-        }
-    }
-
-    fn lose(&self) {
-        if !self.lost.swap(true, Ordering::AcqRel) {
-            self.notify.notify_waiters();
-        }
-    }
-}
+use idem_core::store::{Fenced, Renewal, UnixMillis, after};
 
 /// How often a lease is renewed: a third of it, so that two renewals in a row may fail before
 /// it lapses.
@@ -131,7 +95,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{LeaseState, renewal_period};
+    use super::renewal_period;
+    use crate::lease_state::LeaseState;
 
     #[test]
     fn a_lease_is_renewed_every_third_of_it_and_never_in_a_busy_loop() {

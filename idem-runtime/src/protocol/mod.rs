@@ -3,21 +3,22 @@
 //!
 //! | step | what happens | in |
 //! |---|---|---|
-//! | prepare | no scope, an unfingerprintable argument, a malformed or missing key part, a bad tenant: refused before the store is touched | [`call`] |
-//! | claim | one atomic store call decides the key by the store's decision table ([`decide`](crate::store::decide)) | [`claim`] |
-//! | replay | a completed record: its value, or its stored error, decoded | [`call`], [`record`] |
+//! | prepare | no scope, an unfingerprintable argument, a malformed or missing key part, a bad tenant: refused before the store is touched | `call.rs` |
+//! | claim | one atomic store call decides the key by the store's decision table ([`decide`](idem_core::store::decide)) | [`claim`] |
+//! | replay | a completed record: its value, or its stored error, decoded | `call.rs`, `record.rs` |
 //! | refuse | `Mismatch`, `InFlight` (with how long to wait), `Unknown` | [`Claiming`] |
-//! | check | an orphan or `unknown` record taken over: the tool's state check decides first | [`call::Check`] |
-//! | run | the body, as [`current()`](crate::current()) call, its lease renewed while it runs | [`call`], [`lease`] |
-//! | settle | complete (fenced by the claim's token) or release, as the tool's `on_error` policy says | [`Claimed`], [`policy`] |
+//! | check | an orphan or `unknown` record taken over: the tool's state check decides first | `call.rs` (`Check`) |
+//! | run | the body, as [`current()`](crate::current()) call, its lease renewed while it runs | `call.rs`, `lease.rs` |
+//! | settle | complete (fenced by the claim's token) or release, as the tool's `on_error` policy says | [`Claimed`], `policy.rs` |
 //!
-//! A transactional tool ([`transactional`], feature `postgres`) takes the same steps inside one
+//! A transactional tool (`transactional.rs`, feature `postgres`) takes the same steps inside one
 //! transaction of the store's database: claim, body and settlement commit together.
 //!
 //! A key is only ever settled through the [`Claimed`] its claim returned: the fencing token
 //! never leaves it, so a settlement cannot name another claim's token.
 
 pub(crate) mod call;
+pub(crate) mod checked;
 pub(crate) mod lease;
 pub(crate) mod policy;
 pub(crate) mod record;
@@ -27,18 +28,18 @@ pub(crate) mod transactional;
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::lease::LeaseState;
-use crate::error::StoreError;
-use crate::fingerprint::Fingerprint;
-use crate::key::IdempotencyKey;
+use crate::lease_state::LeaseState;
 use crate::runtime::Idem;
-use crate::store::{
+use idem_core::StoreError;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::IdempotencyKey;
+use idem_core::store::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, RecordStatus, UnixMillis, after,
 };
 
 /// What one call means to claim: the key of an intent, under a tenant.
 #[derive(Debug, Clone)]
-pub(crate) struct Intent {
+pub struct Intent {
     /// The tenant (for HTTP, the principal); shared, so that a claim that takes the key keeps it
     /// without a copy.
     pub tenant: Arc<str>,
@@ -58,7 +59,7 @@ pub(crate) struct Intent {
 
 /// What a claim found, decided.
 #[derive(Debug)]
-pub(crate) enum Claiming {
+pub enum Claiming {
     /// The key is this call's: run (or check), then settle through [`Claimed`].
     Acquired(Claimed),
     /// Completed with the same fingerprint: the stored bytes, to replay.
@@ -72,7 +73,7 @@ pub(crate) enum Claiming {
 }
 
 /// Claims `intent`'s key in `idem`'s store, reading the time once from `idem`'s clock.
-pub(crate) async fn claim(idem: &Idem, intent: &Intent) -> Result<Claiming, StoreError> {
+pub async fn claim(idem: &Idem, intent: &Intent) -> Result<Claiming, StoreError> {
     let now = idem.clock().now();
     let claim = idem
         .store()
@@ -111,18 +112,14 @@ pub(crate) async fn claim(idem: &Idem, intent: &Intent) -> Result<Claiming, Stor
 /// How long to wait for an in-flight call: until its lease lapses by this caller's clock, and
 /// never more than one lease (the owner read its clock a little later than this caller, or runs
 /// slightly ahead).
-pub(crate) fn retry_after(
-    lease_expires_at: UnixMillis,
-    now: UnixMillis,
-    lease: Duration,
-) -> Duration {
+pub fn retry_after(lease_expires_at: UnixMillis, now: UnixMillis, lease: Duration) -> Duration {
     Duration::from_millis(lease_expires_at.saturating_sub(now)).min(lease)
 }
 
 /// A key this call holds. Settling it is fenced by the claim's token: after a takeover by
 /// another caller, [`complete`](Claimed::complete) answers [`Fenced::Lost`] and changes nothing.
 #[derive(Debug)]
-pub(crate) struct Claimed {
+pub struct Claimed {
     idem: Idem,
     tenant: Arc<str>,
     key: IdempotencyKey,
@@ -150,7 +147,7 @@ impl Claimed {
     }
 
     /// What the body may learn of this claim's lease.
-    pub fn lease_state(&self) -> &Arc<LeaseState> {
+    pub(crate) fn lease_state(&self) -> &Arc<LeaseState> {
         &self.lease_state
     }
 
@@ -188,12 +185,12 @@ mod tests {
     use std::time::Duration;
 
     use super::{Claiming, Intent, claim, retry_after};
-    use crate::fingerprint::Fingerprint;
-    use crate::key::{KeyPart, derive_key};
     use crate::runtime::Idem;
-    use crate::store::faulty::{Faults, FaultyStore};
-    use crate::store::memory::MemoryStore;
-    use crate::store::{Fenced, Orphans, RecordStatus};
+    use idem_core::fingerprint::Fingerprint;
+    use idem_core::key::{KeyPart, derive_key};
+    use idem_core::store::faulty::{Faults, FaultyStore};
+    use idem_core::store::memory::MemoryStore;
+    use idem_core::store::{Fenced, Orphans, RecordStatus};
 
     fn intent(fingerprint: u8, lease_ms: u64) -> Intent {
         Intent {

@@ -1,47 +1,23 @@
 //! The `on_error` policies: what an error of the body means for its claim, and what each
-//! policy requires of the tool's types (the marker traits, whose messages are the compiler's
-//! diagnostics when a type falls short).
+//! policy requires of the tool's error type (the marker traits, whose messages are the
+//! compiler's diagnostics when a type falls short; what the value requires is
+//! [`Replayable`](crate::Replayable)).
 //!
 //! | policy | an error | requires of the error type |
 //! |---|---|---|
 //! | [`ReleaseErrors`] (`on_error = "release"`, the default) | releases the claim: a corrected retry runs | nothing |
-//! | [`StoreErrors`] (`"store"`) | is stored and replayed | [`StorableError`] |
+//! | [`StoreErrors`] (`"store"`) | is stored and replayed | [`StoredError`] |
 //! | [`UnknownErrors`] (`"unknown"`) | blocks the key as unknown | nothing |
-//! | [`ClassifiedErrors`] (`"classify"`) | as its [`ClassifyError::class`] says | [`ClassifiedError`] |
+//! | [`ClassifiedErrors`] (`"classify"`) | as its `ClassifyError::class` says | [`ClassifiedError`] |
 
-use serde::Serialize;
+use std::marker::PhantomData;
+
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::error::{ClassifyError, ErrorClass};
 use crate::protocol::record::{decode_stored, decode_value, encode_error};
-
-/// The value a keyed tool returns: stored for replays, so `Serialize + DeserializeOwned`.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be stored for replay: the value an `#[idempotent]` tool returns must implement `serde::Serialize` and `serde::Deserialize`",
-    label = "this type is not `Serialize + DeserializeOwned`",
-    note = "derive both: `#[derive(serde::Serialize, serde::Deserialize)]`; a retry gets the stored value back"
-)]
-pub trait StorableResult: Serialize + DeserializeOwned {}
-impl<T: Serialize + DeserializeOwned> StorableResult for T {}
-
-/// The error of a tool with `on_error = "store"`: stored for replays.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be stored for replay: with `on_error = \"store\"` the tool's error type must implement `serde::Serialize` and `serde::Deserialize`",
-    label = "this error type is not `Serialize + DeserializeOwned`",
-    note = "derive both, or use `on_error = \"release\"` (the default) to let a corrected retry run instead"
-)]
-pub trait StorableError: Serialize + DeserializeOwned {}
-impl<T: Serialize + DeserializeOwned> StorableError for T {}
-
-/// The error of a tool with `on_error = "classify"`: it says what each error means, and the
-/// ones it classifies [`ErrorClass::Store`] are stored for replays.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot classify itself: with `on_error = \"classify\"` the tool's error type must implement `idem::ClassifyError`, `serde::Serialize` and `serde::Deserialize`",
-    label = "this error type is not `ClassifyError + Serialize + DeserializeOwned`",
-    note = "implement `idem::ClassifyError` (its default says `Release`) and derive the serde traits: errors classified `Store` are replayed"
-)]
-pub trait ClassifiedError: ClassifyError + Serialize + DeserializeOwned {}
-impl<T: ClassifyError + Serialize + DeserializeOwned> ClassifiedError for T {}
+use crate::value::{ClassifiedError, StoredError};
+use idem_core::ErrorClass;
 
 /// How an error type is handled under the `on_error` policy `P` of a tool: what each error
 /// means for the claim, and how the stored ones are encoded. `P` is one unit struct per policy,
@@ -87,16 +63,17 @@ impl<E> ErrorHandling<ReleaseErrors> for E {
 /// `on_error = "store"`: every error is stored and replayed.
 pub struct StoreErrors;
 
-impl<E: StorableError> ErrorHandling<StoreErrors> for E {
+impl<E: StoredError> ErrorHandling<StoreErrors> for E {
     const MAY_STORE: bool = true;
     fn class(&self) -> ErrorClass {
         ErrorClass::Store
     }
     fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
-        encode_error(self)
+        encode_error(&Kept::<_, StoreErrors>::new(self))
     }
     fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<Result<T, E>, serde_json::Error> {
-        decode_stored(bytes)
+        let stored = decode_stored::<T, Kept<E, StoreErrors>>(bytes)?;
+        Ok(stored.map_err(|kept| kept.error))
     }
 }
 
@@ -116,18 +93,60 @@ impl<E> ErrorHandling<UnknownErrors> for E {
     }
 }
 
-/// `on_error = "classify"`: the error type says, error by error ([`ClassifyError`]).
+/// `on_error = "classify"`: the error type says, error by error ([`ClassifyError`](idem_core::ClassifyError)).
 pub struct ClassifiedErrors;
 
 impl<E: ClassifiedError> ErrorHandling<ClassifiedErrors> for E {
     const MAY_STORE: bool = true;
     fn class(&self) -> ErrorClass {
-        ClassifyError::class(self)
+        self.classified()
     }
     fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
-        encode_error(self)
+        encode_error(&Kept::<_, ClassifiedErrors>::new(self))
     }
     fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<Result<T, E>, serde_json::Error> {
-        decode_stored(bytes)
+        let stored = decode_stored::<T, Kept<E, ClassifiedErrors>>(bytes)?;
+        Ok(stored.map_err(|kept| kept.error))
+    }
+}
+
+/// An error a policy keeps, as its record stores it: `Serialize` and `Deserialize` through the
+/// trait the policy bounds the error type by ([`StoredError`], [`ClassifiedError`]), as the
+/// error itself would be. `E` is the error, or a reference to it for encoding.
+struct Kept<E, P> {
+    error: E,
+    policy: PhantomData<P>,
+}
+
+impl<E, P> Kept<E, P> {
+    fn new(error: E) -> Self {
+        Kept {
+            error,
+            policy: PhantomData,
+        }
+    }
+}
+
+impl<E: StoredError> Serialize for Kept<&E, StoreErrors> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.error.serialize_stored(serializer)
+    }
+}
+
+impl<'de, E: StoredError> Deserialize<'de> for Kept<E, StoreErrors> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        E::deserialize_stored(deserializer).map(Kept::new)
+    }
+}
+
+impl<E: ClassifiedError> Serialize for Kept<&E, ClassifiedErrors> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.error.serialize_classified(serializer)
+    }
+}
+
+impl<'de, E: ClassifiedError> Deserialize<'de> for Kept<E, ClassifiedErrors> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        E::deserialize_classified(deserializer).map(Kept::new)
     }
 }

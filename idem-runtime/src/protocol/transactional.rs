@@ -16,24 +16,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-
 use super::call::{KeyParts, Prepared, prepare, replay};
+use super::checked::CheckedRef;
 use super::policy::ErrorHandling;
 use super::record::{encode_value, too_large_record};
 use super::retry_after;
-use crate::canonical::CanonicalError;
-use crate::error::{Error, ErrorClass, StoreError, StoreErrorKind};
-use crate::fingerprint::Fingerprint;
-use crate::key::IdempotencyKey;
-use crate::outcome::{InFlight, Mismatch, Outcome, Unknown};
 use crate::registry::ToolInfo;
 use crate::runtime::Idem;
-use crate::store::postgres::PostgresStore;
-use crate::store::postgres::tokio_postgres::Transaction;
-use crate::store::postgres::transaction::{Settlement, Transacted};
-use crate::store::{Claim, ClaimRequest, Orphans, RecordStatus, UnixMillis};
+use crate::value::{Checked, Replayable};
+use idem_core::canonical::CanonicalError;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::IdempotencyKey;
+use idem_core::store::{Claim, ClaimRequest, Orphans, RecordStatus, UnixMillis};
+use idem_core::{Error, ErrorClass, StoreError, StoreErrorKind};
+use idem_core::{InFlight, Mismatch, Outcome, Unknown};
+use idem_postgres::PostgresStore;
+use idem_postgres::tokio_postgres::Transaction;
+use idem_postgres::transaction::{Settlement, Transacted};
 
 /// What became of the body's answer besides the transaction: kept whole, or too large to
 /// replay, or impossible to encode.
@@ -51,13 +50,13 @@ struct Answer<T, E> {
 }
 
 /// How the body's result settles the transaction under the policy `H`.
-fn settlement<T, E, H>(result: Result<T, E>, limit: usize) -> (Settlement, Answer<T, E>)
+fn settlement<V, E, H>(result: Result<V, E>, limit: usize) -> (Settlement, Answer<V, E>)
 where
-    T: Serialize,
+    V: Replayable,
     E: ErrorHandling<H>,
 {
     let (class, encoded, keep_writes) = match &result {
-        Ok(v) => (None, Some(encode_value(v)), true),
+        Ok(v) => (None, Some(encode_value(&CheckedRef(v))), true),
         Err(e) => match ErrorHandling::<H>::class(e) {
             ErrorClass::Store => (Some(ErrorClass::Store), Some(e.encode()), false),
             // The writes roll back with the claim: nothing happened, so nothing is unknown.
@@ -179,17 +178,17 @@ impl Driver for Sqlx {
 
 /// Runs a transactional tool on the driver `D`: `body` gets the transaction that also holds
 /// the claim and the record.
-pub(crate) async fn run<D, T, E, H, B>(
+pub(crate) async fn run<D, V, E, H, B>(
     tool: &'static ToolInfo,
     key: KeyParts,
     fingerprint: Result<Fingerprint, CanonicalError>,
     body: B,
-) -> Result<Outcome<T>, Error<E>>
+) -> Result<Outcome<V>, Error<E>>
 where
-    T: Serialize + DeserializeOwned,
+    V: Replayable,
     E: ErrorHandling<H>,
     D: Driver,
-    B: for<'a, 't> AsyncFnOnce(&'a mut D::Handle<'t>) -> Result<T, E>,
+    B: for<'a, 't> AsyncFnOnce(&'a mut D::Handle<'t>) -> Result<V, E>,
 {
     let name = tool.name;
     let (scope, key, fingerprint) = match prepare(tool, key, fingerprint)? {
@@ -204,7 +203,7 @@ where
             };
             let store = postgres(scope.idem(), name)?;
             let limit = scope.idem().max_result_bytes();
-            let settle = move |result| settlement::<T, E, H>(result, limit);
+            let settle = move |result| settlement::<V, E, H>(result, limit);
             let wait = tool.effective_wait();
             let ran = D::transact(store, None, wait, E::MAY_STORE, body, settle).await?;
             return match ran {
@@ -247,11 +246,11 @@ where
             orphans: Orphans::TakeOver,
         };
         let limit = idem.max_result_bytes();
-        let settle = move |result| settlement::<T, E, H>(result, limit);
+        let settle = move |result| settlement::<V, E, H>(result, limit);
         // The whole transaction runs as the call: the body sees `current()`.
         let transaction = D::transact(store, Some(request), wait, E::MAY_STORE, body, settle);
         let ran = crate::current::run_as(name, key, Arc::default(), transaction).await?;
-        answer::<T, E, H>(name, key, now, request.lease, ran)
+        answer::<V, E, H>(name, key, now, request.lease, ran)
     };
     let result = observed.within(call).await;
     observed.finish(&result);
@@ -259,21 +258,22 @@ where
 }
 
 /// The outcome of a transactional call, from how its transaction ended.
-fn answer<T, E, H>(
+fn answer<V, E, H>(
     name: &'static str,
     key: IdempotencyKey,
     now: UnixMillis,
     lease: Duration,
-    ran: Transacted<Answer<T, E>>,
-) -> Result<Outcome<T>, Error<E>>
+    ran: Transacted<Answer<V, E>>,
+) -> Result<Outcome<V>, Error<E>>
 where
-    T: DeserializeOwned,
+    V: Replayable,
     E: ErrorHandling<H>,
 {
     let hash = key.short_hash();
     let answer = match ran {
         Transacted::Answered(Claim::Completed { result }) => {
-            return replay::<T, E, H>(name, key, &result);
+            let replayed = replay::<Checked<V>, E, H>(name, key, &result);
+            return replayed.map(|outcome| outcome.map(|checked| checked.0));
         }
         Transacted::Answered(Claim::Mismatch) => {
             return Ok(Outcome::Mismatch(Mismatch::new(name, hash)));

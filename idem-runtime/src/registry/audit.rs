@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::{Form, ToolInfo, format_duration, tools};
+use super::tool::{Form, ToolInfo, format_duration, tools};
 use crate::runtime::Idem;
 
 /// How serious a finding of the audit is.
@@ -76,10 +76,10 @@ impl fmt::Display for Audit {
 /// a transactional tool on a store other than Postgres, an unreachable store or a schema other than this build's. Warnings: a TTL shorter than the
 /// retry window, a keyed tool without a stable `name`, a store that does not survive restarts.
 ///
-/// With [`IDEM_REPORT`](super::REPORT_ENV) set, it also writes the tool report (once per
+/// With [`IDEM_REPORT`](super::report::REPORT_ENV) set, it also writes the tool report (once per
 /// process), with `idem`'s defaults.
 pub async fn audit(idem: &Idem) -> Audit {
-    super::write_report_from_env(Some(idem));
+    super::report::write_report_from_env(Some(idem));
     audit_tools(idem, &tools()).await
 }
 
@@ -201,12 +201,12 @@ pub async fn audit_tools(idem: &Idem, tools: &[&'static ToolInfo]) -> Audit {
 mod tests {
     use super::Severity;
     use super::audit_tools;
-    use crate::registry::tests::{A, B, NATURAL, SHORT};
+    use crate::registry::tool::tests::{A, B, NATURAL, SHORT};
     use crate::runtime::Idem;
 
     #[tokio::test]
     async fn the_audit_finds_collisions_short_ttls_and_unstable_names() {
-        let idem = Idem::builder().build(crate::store::memory::MemoryStore::new());
+        let idem = Idem::builder().build(idem_core::store::memory::MemoryStore::new());
         let audit = audit_tools(&idem, &[&A, &B, &SHORT, &NATURAL]).await;
         let text = audit.to_string();
         assert!(!audit.is_ok());

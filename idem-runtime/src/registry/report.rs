@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{Form, ToolInfo, format_duration, sort_tools, tools};
+use super::tool::{Form, ToolInfo, format_duration, sort_tools, tools};
 use crate::runtime::{DEFAULT_LEASE, DEFAULT_TTL, Idem};
 
 /// The tool report: every registered tool with its key, TTL, lease and policy.
@@ -186,7 +186,7 @@ impl Idem {
 #[cfg(test)]
 mod tests {
     use super::Report;
-    use crate::registry::tests::{A, NATURAL, SHORT};
+    use crate::registry::tool::tests::{A, NATURAL, SHORT};
     use crate::runtime::{DEFAULT_LEASE, DEFAULT_TTL};
 
     #[test]

@@ -1,0 +1,154 @@
+//! Stores: where claims and results live.
+//!
+//! [`Store`] is the small async trait every backend implements: claim, complete, renew,
+//! release, lookup, purge and a health check. The decision of a claim is made by one function,
+//! [`decide`], that every backend calls on the record it holds, inside its own atomic section,
+//! so the table below is written once:
+//!
+//! | store holds | and | claim answers |
+//! |---|---|---|
+//! | nothing, or a record past its TTL | | [`Claim::Acquired`], new `in_flight` record |
+//! | a record | fingerprint differs | [`Claim::Mismatch`] (checked first) |
+//! | `completed` | same fingerprint | [`Claim::Completed`] with the stored result |
+//! | `in_flight`, lease live | same fingerprint | [`Claim::InFlight`] |
+//! | `in_flight`, lease lapsed | same fingerprint | by [`Orphans`]: [`Claim::Acquired`] with `takeover` and a new token, or marked `unknown` and [`Claim::Unknown`] |
+//! | `unknown` | same fingerprint | by [`Orphans`]: taken over for the tool's state check, or [`Claim::Unknown`] |
+//!
+//! Completion, renewal and release are fenced: they apply only while the record still carries
+//! the caller's [`FencingToken`] and is `in_flight`. A completion settles the record as
+//! `completed` (its result replays) or `unknown` (the effect may have happened; the key stays
+//! blocked until a state check or an operator decides).
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::error::StoreError;
+use crate::key::IdempotencyKey;
+
+pub mod admin;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+mod decide;
+pub mod faulty;
+pub mod memory;
+pub mod read_first;
+mod record;
+#[cfg(feature = "replay-cache")]
+pub mod replay_cache;
+#[cfg(feature = "rustls")]
+pub mod tls;
+
+pub use crate::clock::{UnixMillis, after};
+pub use decide::{Decision, Held, decide};
+pub use record::{
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Renewal,
+    StoreHealth,
+};
+
+/// The future every store operation returns.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// The core store: what every idempotent call needs, and nothing else.
+///
+/// Implementations must make [`Store::claim`] atomic per tenant + key and durable before they
+/// answer [`Claim::Acquired`], and must pass the conformance suite
+/// (the `conformance` module, behind the `conformance` feature).
+pub trait Store: Send + Sync {
+    /// The backend's name (`memory`, `sqlite`, …), for errors and reports.
+    fn backend(&self) -> &'static str;
+
+    /// Whether the store deletes expired records by itself (Redis key expiry), so that
+    /// [`Store::purge_expired`] has nothing to do.
+    fn expires_on_its_own(&self) -> bool {
+        false
+    }
+
+    /// Claims a key (see the module docs for the decision table).
+    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim>;
+
+    /// Stores the result of a claimed key, if the token still owns it.
+    fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced>;
+
+    /// Extends the lease of a claimed `in_flight` record, if the token still owns it: the lease
+    /// lapses at `now + lease`, and the record expires no earlier than that.
+    fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced>;
+
+    /// Deletes a claimed record, if the token still owns it, so the key is new again.
+    fn release<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        token: FencingToken,
+    ) -> StoreFuture<'a, Fenced>;
+
+    /// Reads the record of a key, expired or not.
+    fn lookup<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+    ) -> StoreFuture<'a, Option<Record>>;
+
+    /// Deletes at most `limit` records that expired at or before `now`; returns how many.
+    fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize>;
+
+    /// Checks that the store answers and its schema is the one this build writes.
+    fn health(&self) -> StoreFuture<'_, StoreHealth>;
+
+    /// The backend's own store under any wrappers, for what only that backend can do: the
+    /// runtime finds the Postgres store of transactional tools by it. `None` (the default) for
+    /// a store that offers nothing of its own; a backend answers `Some(self)`, and a wrapper
+    /// forwards its inner store's answer.
+    fn as_any(&self) -> Option<&(dyn Any + Send + Sync)> {
+        None
+    }
+}
+
+macro_rules! forward_store {
+    ($($ty:ty),*) => {$(
+        impl<S: Store + ?Sized> Store for $ty {
+            fn backend(&self) -> &'static str {
+                (**self).backend()
+            }
+            fn expires_on_its_own(&self) -> bool {
+                (**self).expires_on_its_own()
+            }
+            fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+                (**self).claim(req)
+            }
+            fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced> {
+                (**self).complete(completion)
+            }
+            fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+                (**self).renew(renewal)
+            }
+            fn release<'a>(
+                &'a self,
+                tenant: &'a str,
+                key: IdempotencyKey,
+                token: FencingToken,
+            ) -> StoreFuture<'a, Fenced> {
+                (**self).release(tenant, key, token)
+            }
+            fn lookup<'a>(
+                &'a self,
+                tenant: &'a str,
+                key: IdempotencyKey,
+            ) -> StoreFuture<'a, Option<Record>> {
+                (**self).lookup(tenant, key)
+            }
+            fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
+                (**self).purge_expired(now, limit)
+            }
+            fn health(&self) -> StoreFuture<'_, StoreHealth> {
+                (**self).health()
+            }
+            fn as_any(&self) -> Option<&(dyn Any + Send + Sync)> {
+                (**self).as_any()
+            }
+        }
+    )*};
+}
+
+forward_store!(&S, Arc<S>, Box<S>);

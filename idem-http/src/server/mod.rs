@@ -1,0 +1,52 @@
+//! The server side: a tower [`Layer`](tower_layer::Layer) that makes POST and PATCH routes idempotent.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_runtime::Idem;
+//! use idem_http::server::IdempotencyLayer;
+//!
+//! let idem = Idem::open("sqlite://payments.db").await?;
+//! let layer = IdempotencyLayer::new(idem);
+//! // axum: Router::new().route("/v1/charges", post(create)).layer(layer)
+//! # let _ = layer; Ok(()) }
+//! ```
+//!
+//! It implements draft-ietf-httpapi-idempotency-key-header-07 as Stripe behaves:
+//!
+//! | the request | answer | the handler runs? |
+//! |---|---|---|
+//! | not POST/PATCH (configurable), or a route that is not enforced | passed through | yes |
+//! | no `Idempotency-Key` (when required, the default) | 400 `missing-key` | no |
+//! | a repeated, empty or malformed key (1 to 255 visible ASCII; a structured-field String `"…"`, or bare) | 400 | no |
+//! | a body over the limit | 413 `body-too-large` | no |
+//! | a key already used with another method, path or body | 422 `key-reused` (checked first) | no |
+//! | a key whose first request is still running | 409 `in-flight` with `Retry-After: 1` (retry soon, same key) | no |
+//! | a key whose first request completed | its status, selected headers and body, byte for byte, with `Idempotent-Replayed: true` | no |
+//! | a new key | the handler's response, stored unless its status says nothing happened (400, 401, 403, 404, 405, 409, 413, 415, 422, 429 by default) | yes, once |
+//! | the store cannot be reached | 503 `store-unavailable` | no |
+//!
+//! Keys are scoped by principal: by default a hash of the `Authorization` header, so two
+//! clients with the same key never see each other's responses ([`IdempotencyLayer::principal`]).
+//! The fingerprint is the method, the path and the canonical body: JSON canonicalized (RFC 8785),
+//! form bodies as sorted pairs, other bodies as bytes; fields named in
+//! [`IdempotencyLayer::skip`] are left out. Errors are RFC 9457 `application/problem+json`, each
+//! with its own `type` under the policy URL and a `Link: <policy>; rel="describedby"`; the layer
+//! serves the policy itself (`GET /idempotency-policy` by default, generated from its settings).
+//! [`IdempotencyLayer::error_body`] chooses Stripe's error envelope instead (so that Stripe's
+//! own SDKs raise their `IdempotencyError` for a reused key), or your own.
+//!
+//! Once a request holds its key, the handler runs in a task of its own: a client that hangs up
+//! does not cancel it, and its response is stored for the retry.
+
+mod body;
+mod config;
+mod error_body;
+mod layer;
+mod problem;
+mod service;
+mod stored;
+
+pub use body::{BoxError, GuardedRequestBody, GuardedResponseBody};
+pub use error_body::{ErrorBody, LayerError, WriteError};
+pub use layer::{DEFAULT_POLICY_PATH, IdempotencyLayer};
+pub use service::Idempotent;

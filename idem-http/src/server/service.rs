@@ -1,0 +1,473 @@
+//! The service: a guarded request is buffered, fingerprinted, claimed through the call protocol,
+//! and either answered from its record or run once, in a task of its own, and recorded.
+
+use std::borrow::Cow;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Either, Full, Limited};
+use sha2::{Digest, Sha256};
+use tower_service::Service;
+
+use super::body::{BoxError, GuardedRequestBody, GuardedResponseBody};
+use super::config::Config;
+use super::problem::{Problem, malformed, unwrap_full};
+use super::stored::{decode_response, encode_response};
+use crate::{IDEMPOTENT_REPLAYED, parse_key_header};
+use idem_core::fingerprint::{ArgsFingerprint, Fingerprint};
+use idem_core::key::{KeyPart, derive_key};
+use idem_core::store::{Orphans, RecordStatus};
+use idem_runtime::protocol::{Claimed, Claiming, Intent, claim};
+
+/// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around another.
+#[derive(Clone)]
+pub struct Idempotent<S> {
+    pub(super) inner: S,
+    pub(super) config: Arc<Config>,
+}
+
+impl<S> std::fmt::Debug for Idempotent<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotent").finish_non_exhaustive()
+    }
+}
+
+impl<S, B, ResB> Service<Request<B>> for Idempotent<S>
+where
+    S: Service<Request<GuardedRequestBody<B>>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Error: Into<BoxError> + Send,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    type Response = Response<GuardedResponseBody<ResB>>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service is made ready on the clone that serves each request.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        let config = self.config.clone();
+        Box::pin(async move { Ok(config.handle(inner, req).await) })
+    }
+}
+
+impl Config {
+    async fn handle<S, B, ResB>(
+        self: Arc<Self>,
+        inner: S,
+        req: Request<B>,
+    ) -> Response<GuardedResponseBody<ResB>>
+    where
+        S: Service<Request<GuardedRequestBody<B>>, Response = Response<ResB>>
+            + Clone
+            + Send
+            + 'static,
+        S::Error: Into<BoxError> + Send,
+        S::Future: Send + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+        ResB: Body<Data = Bytes> + Send + 'static,
+        ResB::Error: Into<BoxError>,
+    {
+        if self.serve_policy && req.method() == Method::GET && req.uri().path() == self.policy_url {
+            return self.policy_response();
+        }
+        let guarded = self.methods.contains(req.method())
+            && self
+                .enforced
+                .as_ref()
+                .is_none_or(|f| f(req.method(), req.uri().path()));
+        if !guarded {
+            return pass(inner, req.map(Either::Left)).await;
+        }
+        let key = match parse_key_header(req.headers(), self.lenient) {
+            Ok(Some(key)) => key,
+            Ok(None) if !self.required => return pass(inner, req.map(Either::Left)).await,
+            Ok(None) => {
+                return self.problem(
+                    Problem::MissingKey,
+                    format!(
+                        "{} {} requires an Idempotency-Key header: 1 to 255 visible ASCII \
+                         characters naming this request, the same on every retry",
+                        req.method(),
+                        req.uri().path()
+                    ),
+                );
+            }
+            Err(e) => return self.problem(Problem::MalformedKey, malformed(&e)),
+        };
+        let too_large = || {
+            format!(
+                "the request body is over {} bytes; nothing was stored",
+                self.max_body
+            )
+        };
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > self.max_body as u64) {
+            return self.problem(Problem::BodyTooLarge, too_large());
+        }
+        let (parts, body) = req.into_parts();
+        let bytes = match Limited::new(body, self.max_body).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return self.problem(Problem::BodyTooLarge, too_large());
+            }
+            Err(_) => {
+                return self.problem(
+                    Problem::BodyUnreadable,
+                    "the request body ended before it was complete".to_owned(),
+                );
+            }
+        };
+        let principal = (self.principal)(&parts);
+        let fingerprint = fingerprint(&parts, &bytes, &self.skip);
+        let req = Request::from_parts(parts, Either::Right(Full::new(bytes)));
+        self.guarded(inner, key, principal, fingerprint, req)
+            .await
+            .map(Either::Right)
+    }
+
+    /// Claims the key and answers from the record, or runs the handler.
+    async fn guarded<S, B, ResB>(
+        self: Arc<Self>,
+        inner: S,
+        key: String,
+        principal: String,
+        fingerprint: Fingerprint,
+        req: Request<GuardedRequestBody<B>>,
+    ) -> Response<Full<Bytes>>
+    where
+        S: Service<Request<GuardedRequestBody<B>>, Response = Response<ResB>> + Send + 'static,
+        S::Error: Into<BoxError> + Send,
+        S::Future: Send + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        ResB: Body<Data = Bytes> + Send + 'static,
+        ResB::Error: Into<BoxError>,
+    {
+        let idem = &self.idem;
+        let parts = [KeyPart::new(&key).expect("a validated key string is a key part")];
+        let key = derive_key(&principal, "http", &parts);
+        let intent = Intent {
+            tenant: principal.into(),
+            key,
+            tool: "http",
+            fingerprint,
+            lease: self.lease.unwrap_or(idem.default_lease()),
+            ttl: self.ttl.unwrap_or(idem.default_ttl()),
+            orphans: Orphans::TakeOver,
+        };
+        let claimed =
+            match claim(idem, &intent).await {
+                Ok(Claiming::Acquired(claimed)) => claimed,
+                Err(e) => {
+                    return unwrap_full(self.problem(
+                        Problem::StoreUnavailable,
+                        format!("{e}; the request was not processed, retry it with the same key"),
+                    ));
+                }
+                Ok(Claiming::Mismatch) => {
+                    return unwrap_full(self.problem(
+                    Problem::KeyReused,
+                    "this idempotency key was already used with another method, path or body; \
+                     a new request needs a new key"
+                        .to_owned(),
+                ));
+                }
+                Ok(Claiming::InFlight(wait)) => {
+                    let mut response = unwrap_full(self.problem(
+                    Problem::InFlight,
+                    "the first request with this key is still being processed; retry later \
+                     with the same key"
+                        .to_owned(),
+                ));
+                    // Retry soon: the first request usually ends long before its lease, and
+                    // clients take `Retry-After` as a floor (never less than a second, unless
+                    // the lease has already lapsed).
+                    let seconds =
+                        (wait.min(Duration::from_secs(1)).as_millis() as u64).div_ceil(1000);
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+                    return response;
+                }
+                Ok(Claiming::Unknown) => {
+                    return unwrap_full(self.problem(
+                    Problem::OutcomeUnknown,
+                    "whether the first request with this key took effect is unknown; it must \
+                     be resolved before the key can be used"
+                        .to_owned(),
+                ));
+                }
+                Ok(Claiming::Completed(result)) => {
+                    return match decode_response(result) {
+                        Some(mut response) => {
+                            response
+                                .headers_mut()
+                                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                            response
+                        }
+                        None => unwrap_full(self.problem(
+                            Problem::StoredResponseUnreadable,
+                            "the stored response of this key is damaged".to_owned(),
+                        )),
+                    };
+                }
+            };
+        // The key is ours: the handler runs in a task of its own, so a client that hangs up
+        // cancels neither the handler nor the recording of its response.
+        let config = self.clone();
+        let run = tokio::spawn(async move { config.run_handler(inner, claimed, req).await });
+        match run.await {
+            Ok(response) => response,
+            Err(_) => unwrap_full(self.problem(
+                Problem::ServiceFailed,
+                "the handler panicked; the key stays held until its lease lapses".to_owned(),
+            )),
+        }
+    }
+
+    /// Runs the handler on a claimed key and records its response (or releases the key when
+    /// its status says nothing happened).
+    async fn run_handler<S, B, ResB>(
+        self: Arc<Self>,
+        mut inner: S,
+        claimed: Claimed,
+        req: Request<GuardedRequestBody<B>>,
+    ) -> Response<Full<Bytes>>
+    where
+        S: Service<Request<GuardedRequestBody<B>>, Response = Response<ResB>>,
+        S::Error: Into<BoxError>,
+        ResB: Body<Data = Bytes>,
+        ResB::Error: Into<BoxError>,
+    {
+        // The handler runs, and its response body is produced, under the claim's lease,
+        // renewed all along.
+        let answered = claimed
+            .hold(async {
+                match std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+                    Ok(()) => match inner.call(req).await {
+                        Ok(response) => {
+                            let (parts, body) = response.into_parts();
+                            let collected = body.collect().await.map(|c| c.to_bytes());
+                            Ok((parts, collected.map_err(drop)))
+                        }
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                }
+            })
+            .await;
+        let (parts, collected) = match answered {
+            Ok(answer) => answer,
+            Err(_) => {
+                let _ = claimed.release().await;
+                return unwrap_full(self.problem(
+                    Problem::ServiceFailed,
+                    "the service failed before answering; retry with the same key".to_owned(),
+                ));
+            }
+        };
+        let body = match collected {
+            Ok(body) => body,
+            Err(_) => {
+                // The handler ran but its answer broke off: the key stays held (the lease
+                // protects it) rather than inviting a second run.
+                return unwrap_full(self.problem(
+                    Problem::ServiceFailed,
+                    "the response body failed while it was produced".to_owned(),
+                ));
+            }
+        };
+        if (self.stores)(parts.status) {
+            let encoded =
+                encode_response(parts.status, &parts.headers, &self.replay_headers, &body);
+            // A completion that fails or was fenced out leaves the key to its lease; the
+            // client still gets the answer the handler gave.
+            let _ = claimed.complete(RecordStatus::Completed, &encoded).await;
+        } else {
+            let _ = claimed.release().await;
+        }
+        Response::from_parts(parts, Full::new(body))
+    }
+}
+
+/// What a guarded request is fingerprinted by: its method, path and body. A JSON or form body
+/// is read as its fields (`skip` leaves some out; order and spacing do not count), any other
+/// body as its bytes.
+fn fingerprint(parts: &http::request::Parts, body: &Bytes, skip: &[Vec<String>]) -> Fingerprint {
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or("").trim())
+        .unwrap_or_default();
+    let canonical = if content_type.eq_ignore_ascii_case("application/json") {
+        serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .map(|mut json| {
+                for path in skip {
+                    remove_path(&mut json, path);
+                }
+                CanonicalBody::Json(json)
+            })
+    } else if content_type.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+        // The pairs borrow the body where they need no decoding. A skipped path's segments
+        // came from splitting at dots, so a name is skipped when it splits into them.
+        let skipped = |name: &str| {
+            skip.iter()
+                .any(|path| name.split('.').eq(path.iter().map(String::as_str)))
+        };
+        let mut pairs: Vec<(Cow<'_, str>, Cow<'_, str>)> = form_urlencoded::parse(body)
+            .filter(|(name, _)| !skipped(name))
+            .collect();
+        pairs.sort();
+        Some(CanonicalBody::Form(pairs))
+    } else {
+        None
+    }
+    .unwrap_or_else(|| CanonicalBody::Bytes(idem_core::hex::encode(&Sha256::digest(body))));
+    ArgsFingerprint::new(&[])
+        .arg("method", parts.method.as_str())
+        .arg("path", parts.uri.path())
+        .arg("body", &canonical)
+        .finish(idem_runtime::DEFAULT_MAX_ARGUMENT_BYTES)
+        .unwrap_or_else(|_| {
+            // JSON parsed from text always canonicalizes; keep the bytes if it ever did not.
+            Fingerprint::from_bytes(Sha256::digest(body).into())
+        })
+}
+
+async fn pass<S, B, ResB>(
+    mut inner: S,
+    req: Request<GuardedRequestBody<B>>,
+) -> Response<GuardedResponseBody<ResB>>
+where
+    S: Service<Request<GuardedRequestBody<B>>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+{
+    let answered = match std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+        Ok(()) => inner.call(req).await,
+        Err(e) => Err(e),
+    };
+    match answered {
+        Ok(response) => response.map(Either::Left),
+        Err(_) => {
+            let mut response = Response::new(Either::Right(Full::new(Bytes::new())));
+            *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            response
+        }
+    }
+}
+
+/// What a request body is fingerprinted as.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+enum CanonicalBody<'a> {
+    Json(serde_json::Value),
+    Form(Vec<(Cow<'a, str>, Cow<'a, str>)>),
+    Bytes(String),
+}
+
+fn remove_path(value: &mut serde_json::Value, path: &[String]) {
+    match path {
+        [] => {}
+        [last] => {
+            if let Some(object) = value.as_object_mut() {
+                object.remove(last);
+            }
+        }
+        [first, rest @ ..] => {
+            if let Some(inner) = value.get_mut(first) {
+                remove_path(inner, rest);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http::Request;
+
+    use super::fingerprint;
+
+    fn hex_of(content_type: &str, body: &'static str, skip: &[Vec<String>]) -> String {
+        let (parts, ()) = Request::post("/v1/payment_intents")
+            .header("content-type", content_type)
+            .body(())
+            .expect("request")
+            .into_parts();
+        let fp = fingerprint(&parts, &Bytes::from_static(body.as_bytes()), skip);
+        idem_core::hex::encode(fp.as_bytes())
+    }
+
+    /// A stored fingerprint must still match after an upgrade, or every retry of a request
+    /// made before it would be refused as a reused key: these values are pinned. The form's
+    /// fields in another order, its media type in other case with a parameter, and skipped
+    /// fields (a dotted name too), all fingerprint as the form itself.
+    #[test]
+    fn request_fingerprints_are_pinned() {
+        let none: &[Vec<String>] = &[];
+        const FORM: &str = "7c9e0662e849250a9de2245d2ed3f9d7bbf1778f932e88989569ee7418774b22";
+        let form = "amount=500&currency=eur&customer=cus_42&memo=caf%C3%A9+noir";
+        let pinned = [
+            (
+                hex_of("application/x-www-form-urlencoded", form, none),
+                FORM,
+            ),
+            (
+                hex_of(
+                    "Application/X-WWW-Form-Urlencoded; charset=utf-8",
+                    form,
+                    none,
+                ),
+                FORM,
+            ),
+            (
+                hex_of(
+                    "application/x-www-form-urlencoded",
+                    "memo=caf%C3%A9+noir&customer=cus_42&meta.trace=t1&currency=eur&amount=500&nonce=7",
+                    &[
+                        vec!["nonce".to_owned()],
+                        vec!["meta".to_owned(), "trace".to_owned()],
+                    ],
+                ),
+                FORM,
+            ),
+            (
+                hex_of(
+                    "application/json",
+                    r#"{"b": [1, "x"], "a": {"c": null}}"#,
+                    none,
+                ),
+                "dac70908d934f23a66ca1db0702f3993eddbfbbe7af23e56259a554f676fe85d",
+            ),
+            (
+                hex_of("text/plain", "hello", none),
+                "d3287a65df2f984b64c9e32a43d66d4d7c4aab9c384f7acada0f54fef024b711",
+            ),
+        ];
+        for (got, want) in pinned {
+            assert_eq!(got, want);
+        }
+    }
+}

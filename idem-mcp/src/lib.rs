@@ -1,0 +1,104 @@
+//! MCP tools (rmcp): a tool that returns `Result<Outcome<T>, idem::Error<E>>` answers
+//! `tools/call` with structured content the model can act on.
+//!
+//! The structured content is the outcome as `Outcome`'s `Serialize` writes it: `status`
+//! (`ok`, `in_flight`, `mismatch`, `unknown`), `replayed`, the `value` when there is one, and a
+//! `message` that tells the model what to do otherwise. The same JSON is the text content, for
+//! clients that read only text. Anything but `ok` is flagged `isError`, so that a model does not
+//! take a call that did not happen for one that did. Errors carry their message, never a key.
+//!
+//! Stack `#[idempotent]` **above** rmcp's `#[tool]` inside a `#[tool_router]` impl:
+//!
+//! ```text
+//! #[tool_router]
+//! impl Payments {
+//!     #[idempotent(key = "params.0.idempotency_key", mutating, name = "payments.register")]
+//!     #[tool(description = "Charge a customer once per idempotency_key")]
+//!     async fn register_payment(&self, params: Parameters<Charge>) -> Result<Payment, PaymentError> { … }
+//! }
+//! ```
+//!
+//! (`#[tool]` turns the method into a fn returning a boxed future, which `#[idempotent]`, an
+//! attribute for `async fn`s, refuses: the other order is a compile error that says so.)
+//!
+//! Key parts can also come from the request's `_meta`, where the agent's host (not the model)
+//! puts them: take a [`MetaKeys`] parameter and name its fields in `key`. The model then never
+//! sees, invents or reuses the key, and the tool's description says so.
+//!
+//! ```text
+//! #[idempotent(key = "meta.run_id, meta.step_id", mutating, required)]
+//! #[tool]
+//! async fn charge(&self, params: Parameters<Charge>, meta: MetaKeys) -> Result<Payment, PaymentError> { … }
+//! ```
+
+use rmcp::handler::server::common::{AsRequestContext, FromContextPart};
+use serde::Serialize;
+
+/// Key parts an MCP host sends in a `tools/call` request's `_meta`, out of the model's sight:
+/// `_meta.idempotency_key`, `_meta.run_id` and `_meta.step_id`, each a string when present.
+/// An rmcp tool method takes it as a parameter (rmcp extracts it from the request, and it is
+/// not part of the tool's input schema); `#[idempotent(key = "meta.run_id, meta.step_id")]`
+/// then keys the call by them. A present value that is not a string is refused with
+/// `invalid_params` before the tool runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MetaKeys {
+    /// `_meta.idempotency_key`: one key naming the call.
+    pub idempotency_key: Option<String>,
+    /// `_meta.run_id`: the agent run the call belongs to.
+    pub run_id: Option<String>,
+    /// `_meta.step_id`: the step of that run.
+    pub step_id: Option<String>,
+}
+
+impl MetaKeys {
+    /// Reads the key parts from a request's `_meta` object.
+    pub fn from_meta(meta: &serde_json::Map<String, serde_json::Value>) -> Result<Self, String> {
+        let read = |name: &str| match meta.get(name) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(format!(
+                "`_meta.{name}` must be a string, not {}",
+                match other {
+                    serde_json::Value::Bool(_) => "a boolean",
+                    serde_json::Value::Number(_) => "a number",
+                    serde_json::Value::Array(_) => "an array",
+                    _ => "an object",
+                }
+            )),
+        };
+        Ok(MetaKeys {
+            idempotency_key: read("idempotency_key")?,
+            run_id: read("run_id")?,
+            step_id: read("step_id")?,
+        })
+    }
+}
+
+impl<C: AsRequestContext> FromContextPart<C> for MetaKeys {
+    fn from_context_part(context: &mut C) -> Result<Self, rmcp::ErrorData> {
+        // Read, not taken: other extractors of the same call still see the whole `_meta`.
+        let meta = &context.as_request_context().meta;
+        MetaKeys::from_meta(&meta.0.0)
+            .map_err(|message| rmcp::ErrorData::invalid_params(message, None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MetaKeys;
+    use serde_json::json;
+
+    #[test]
+    fn meta_keys_are_strings_or_absent() {
+        let meta = json!({"run_id": "run-7", "step_id": "3", "progressToken": 1});
+        let keys = MetaKeys::from_meta(meta.as_object().unwrap()).unwrap();
+        assert_eq!(keys.run_id.as_deref(), Some("run-7"));
+        assert_eq!(keys.step_id.as_deref(), Some("3"));
+        assert_eq!(keys.idempotency_key, None);
+        let empty = MetaKeys::from_meta(&serde_json::Map::new()).unwrap();
+        assert_eq!(empty, MetaKeys::default());
+        let bad = json!({"step_id": 3});
+        let err = MetaKeys::from_meta(bad.as_object().unwrap()).unwrap_err();
+        assert_eq!(err, "`_meta.step_id` must be a string, not a number");
+    }
+}

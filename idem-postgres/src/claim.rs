@@ -1,0 +1,326 @@
+//! The statements, prepared per schema: the one-round-trip claim of the common cases, the
+//! `idem_claim` function for the rest, the fenced writes; and how their rows decode.
+
+use tokio_postgres::Row;
+use tokio_postgres::types::Type;
+
+use super::driver::{bytes32, corrupt};
+use idem_core::StoreError;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::IdempotencyKey;
+use idem_core::store::replay_cache::ReplayCache;
+use idem_core::store::{Claim, ClaimRequest, FencingToken, Held, Record, RecordStatus, decide};
+
+/// The columns of a [`Record`], in [`decode_record`]'s order.
+pub(super) const COLUMNS: &str = "tenant, key, tool, fingerprint, status, token, lease_expires_at, \
+     created_at, expires_at, result, note";
+
+/// The condition of a record an operator may resolve (`$3` is now).
+pub(super) const BLOCKED: &str = "tenant = $1 AND key = $2 \
+     AND (status = 'unknown' OR (status = 'in_flight' AND lease_expires_at <= $3))";
+
+/// One statement and the types of its parameters. On a direct connection it is prepared once
+/// per connection and cached; through a transaction pooler, which cannot route a named
+/// statement to the server connection that prepared it, it is sent unnamed with these types
+/// (parse, bind and execute in one round trip).
+#[derive(Debug)]
+pub(super) struct Statement {
+    pub(super) sql: String,
+    pub(super) types: &'static [Type],
+}
+
+const CLAIM_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::BYTEA,
+    Type::TEXT,
+    Type::BYTEA,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT2,
+];
+const KEY_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA];
+const FENCED_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA, Type::INT8];
+
+fn statement(sql: String, types: &'static [Type]) -> Statement {
+    Statement { sql, types }
+}
+
+/// The SQL of one schema, with its name substituted once.
+#[derive(Debug)]
+pub(super) struct Sql {
+    /// The common claims in one plain statement (no function call): a new key is inserted, and a
+    /// live record answers replay, mismatch, in flight or unknown from one snapshot. Anything
+    /// else (expired, lapsed lease, this claim sent again, a concurrent insert) answers `-1` or
+    /// no row, and the claim goes to [`Sql::claim`].
+    pub(super) claim_fast: Statement,
+    /// What a claim reads first when most claims lately were answered without writing
+    /// ([`ReadFirst`]): the fields of the record that [`decide`](idem_core::store::decide) reads,
+    /// and the result; the decision is taken here ([`decide_read`]), not in SQL.
+    ///
+    /// [`ReadFirst`]: idem_core::store::read_first::ReadFirst
+    pub(super) claim_read: Statement,
+    /// The whole decision table: the schema's function `idem_claim`.
+    pub(super) claim: Statement,
+    pub(super) complete: Statement,
+    /// The completion of a transactional call: an error (division by zero) when the claim's row
+    /// is not there to complete, so that the `COMMIT` sent with it rolls back.
+    pub(super) complete_or_abort: Statement,
+    pub(super) renew: Statement,
+    pub(super) release: Statement,
+    pub(super) lookup: Statement,
+    pub(super) scan: Statement,
+    pub(super) resolve_complete: Statement,
+    pub(super) resolve_release: Statement,
+    pub(super) delete: Statement,
+    pub(super) purge: Statement,
+    pub(super) version: Statement,
+    pub(super) server_time: Statement,
+}
+
+impl Sql {
+    pub(super) fn new(schema: &str) -> Self {
+        let t = format!("\"{schema}\".idem_records");
+        Sql {
+            server_time: statement(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint".into(),
+                &[],
+            ),
+            claim_fast: statement(
+                format!(
+                    "WITH held AS (SELECT fingerprint, status, token, lease_expires_at, expires_at, \
+                 result FROM {t} WHERE tenant = $1::text AND key = $2::bytea), \
+                 ins AS (INSERT INTO {t} (tenant, key, tool, fingerprint, status, token, \
+                 lease_expires_at, created_at, expires_at) SELECT $1, $2, $3::text, $4::bytea, \
+                 'in_flight', $5::bigint, $6::bigint + $7::bigint, $6, $6 + $8::bigint \
+                 WHERE NOT EXISTS (SELECT 1 FROM held) \
+                 ON CONFLICT (tenant, key) DO NOTHING RETURNING token) \
+                 SELECT 0::smallint, token, NULL::bigint, NULL::bigint, NULL::bytea FROM ins \
+                 UNION ALL \
+                 SELECT CASE WHEN h.expires_at <= $6 THEN -1 \
+                 WHEN h.fingerprint <> $4 THEN 2 \
+                 WHEN h.status = 'completed' THEN 3 \
+                 WHEN h.token = $5 THEN -1 \
+                 WHEN h.status = 'unknown' THEN CASE WHEN $9::smallint = 1 THEN -1 ELSE 5 END \
+                 WHEN h.lease_expires_at > $6 THEN 4 \
+                 ELSE -1 END::smallint, NULL, h.lease_expires_at, h.expires_at, h.result \
+                 FROM held h"
+                ),
+                CLAIM_TYPES,
+            ),
+            claim_read: statement(
+                format!(
+                    "SELECT fingerprint, status, lease_expires_at, expires_at, result \
+                 FROM {t} WHERE tenant = $1::text AND key = $2::bytea"
+                ),
+                KEY_TYPES,
+            ),
+            claim: statement(
+                format!(
+                    "SELECT decision, token, lease_expires_at, expires_at, result \
+                 FROM \"{schema}\".idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                ),
+                CLAIM_TYPES,
+            ),
+            complete: statement(
+                format!(
+                    "UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
+                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
+                 RETURNING 1"
+                ),
+                &[
+                    Type::TEXT,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::TEXT,
+                ],
+            ),
+            complete_or_abort: statement(
+                format!(
+                    "WITH done AS (UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
+                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
+                 RETURNING 1) SELECT 1 / count(*)::int FROM done"
+                ),
+                &[
+                    Type::TEXT,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::TEXT,
+                ],
+            ),
+            renew: statement(
+                format!(
+                    "UPDATE {t} SET lease_expires_at = $4, expires_at = GREATEST(expires_at, $4) \
+                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
+                 RETURNING 1"
+                ),
+                &[Type::TEXT, Type::BYTEA, Type::INT8, Type::INT8],
+            ),
+            release: statement(
+                format!(
+                    "DELETE FROM {t} WHERE tenant = $1 AND key = $2 AND token = $3 \
+                 AND status = 'in_flight' RETURNING 1"
+                ),
+                FENCED_TYPES,
+            ),
+            lookup: statement(
+                format!("SELECT {COLUMNS} FROM {t} WHERE tenant = $1 AND key = $2"),
+                KEY_TYPES,
+            ),
+            scan: statement(
+                format!(
+                    "SELECT {COLUMNS} FROM {t} WHERE ($1::text IS NULL OR tenant = $1) \
+                 AND (tenant, key) > ($2, $3) ORDER BY tenant, key LIMIT $4"
+                ),
+                &[Type::TEXT, Type::TEXT, Type::BYTEA, Type::INT8],
+            ),
+            resolve_complete: statement(
+                format!(
+                    "UPDATE {t} SET status = 'completed', result = $4, note = $5, token = 0 \
+                 WHERE {BLOCKED} RETURNING 1"
+                ),
+                &[Type::TEXT, Type::BYTEA, Type::INT8, Type::BYTEA, Type::TEXT],
+            ),
+            resolve_release: statement(
+                format!("DELETE FROM {t} WHERE {BLOCKED} RETURNING 1"),
+                FENCED_TYPES,
+            ),
+            delete: statement(
+                format!("DELETE FROM {t} WHERE tenant = $1 AND key = $2 RETURNING 1"),
+                KEY_TYPES,
+            ),
+            purge: statement(
+                format!(
+                    "DELETE FROM {t} WHERE (tenant, key) IN (SELECT tenant, key FROM {t} \
+                 WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING 1"
+                ),
+                &[Type::INT8, Type::INT8],
+            ),
+            version: statement(
+                format!("SELECT value FROM \"{schema}\".idem_meta WHERE name = 'schema_version'"),
+                &[],
+            ),
+        }
+    }
+}
+
+/// The columns of a claim's answer (`decision, token, lease_expires_at, expires_at, result`),
+/// whichever driver read them.
+pub(super) struct ClaimRow {
+    pub(super) decision: i16,
+    pub(super) token: Option<i64>,
+    pub(super) lease_expires_at: Option<i64>,
+    pub(super) expires_at: Option<i64>,
+    pub(super) result: Option<Vec<u8>>,
+}
+
+impl ClaimRow {
+    /// Reads a claim's answer from a tokio-postgres row.
+    pub(super) fn read(row: &Row) -> ClaimRow {
+        ClaimRow {
+            decision: row.get(0),
+            token: row.get(1),
+            lease_expires_at: row.get(2),
+            expires_at: row.get(3),
+            result: row.get(4),
+        }
+    }
+}
+
+pub(super) fn decode_claim(
+    row: &Row,
+    token: FencingToken,
+    req: ClaimRequest<'_>,
+    replays: &ReplayCache,
+) -> Result<Claim, StoreError> {
+    decide_claim(ClaimRow::read(row), token, req, replays)
+}
+
+/// The claim a row answers; a replay goes into the replay cache. `token` is the one the claim
+/// sent.
+pub(super) fn decide_claim(
+    row: ClaimRow,
+    token: FencingToken,
+    req: ClaimRequest<'_>,
+    replays: &ReplayCache,
+) -> Result<Claim, StoreError> {
+    const OP: &str = "claim";
+    let missing = || corrupt(OP, "the claim's answer lacks a column");
+    Ok(match row.decision {
+        0 | 1 => {
+            let stored = row.token.ok_or_else(missing)?;
+            if stored as u64 != token.get() {
+                return Err(corrupt(OP, "the server answered with another token"));
+            }
+            Claim::Acquired {
+                token,
+                takeover: row.decision == 1,
+            }
+        }
+        2 => Claim::Mismatch,
+        3 => {
+            let result = row.result.unwrap_or_default();
+            let expires_at = row.expires_at.ok_or_else(missing)?;
+            replays.put(&req, &result, expires_at.max(0) as u64);
+            Claim::Completed { result }
+        }
+        4 => {
+            let lease = row.lease_expires_at.ok_or_else(missing)?;
+            Claim::InFlight {
+                lease_expires_at: lease.max(0) as u64,
+            }
+        }
+        5 => Claim::Unknown,
+        other => return Err(corrupt(OP, &format!("unknown decision {other}"))),
+    })
+}
+
+/// What a claim decides from the record [`Sql::claim_read`] found, by the one decision table
+/// ([`decide`]): `Some` for the answers that write nothing (a replay, which goes into the replay
+/// cache, a mismatch, a live lease, a blocked `unknown` record), `None` for what only the
+/// claim function decides (an expired record, an orphan to take over or mark `unknown`).
+pub(super) fn decide_read(
+    row: &Row,
+    req: &ClaimRequest<'_>,
+    replays: &ReplayCache,
+) -> Result<Option<Claim>, StoreError> {
+    const OP: &str = "claim";
+    let status: &str = row.get(1);
+    let held = Held {
+        fingerprint: Fingerprint::from_bytes(bytes32(OP, row.get(0))?),
+        status: RecordStatus::parse(status).ok_or_else(|| corrupt(OP, "unknown status"))?,
+        lease_expires_at: row.get::<_, i64>(2).max(0) as u64,
+        expires_at: row.get::<_, i64>(3).max(0) as u64,
+    };
+    let decision = decide(Some(held), req.fingerprint, req.now, req.orphans);
+    let answer =
+        decision.answer_without_writing(|| row.get::<_, Option<Vec<u8>>>(4).unwrap_or_default());
+    if let Some(Claim::Completed { result }) = &answer {
+        replays.put(req, result, held.expires_at);
+    }
+    Ok(answer)
+}
+
+pub(super) fn decode_record(row: &Row) -> Result<Record, StoreError> {
+    const OP: &str = "lookup";
+    let status: &str = row.get(4);
+    let time = |i: usize| row.get::<_, i64>(i).max(0) as u64;
+    Ok(Record {
+        tenant: row.get(0),
+        key: IdempotencyKey::from_bytes(bytes32(OP, row.get(1))?),
+        tool: row.get(2),
+        fingerprint: Fingerprint::from_bytes(bytes32(OP, row.get(3))?),
+        status: RecordStatus::parse(status).ok_or_else(|| corrupt(OP, "unknown status"))?,
+        token: FencingToken::from_raw(row.get::<_, i64>(5) as u64),
+        lease_expires_at: time(6),
+        created_at: time(7),
+        expires_at: time(8),
+        result: row.get(9),
+        note: row.get(10),
+    })
+}

@@ -1,0 +1,173 @@
+//! The admin side of the Redis store: delete, scan by prefix, resolve (a fenced script).
+
+use super::driver::{BACKEND, redis_error, time_arg};
+use super::record::parse_record_key;
+use super::store::RedisStore;
+use idem_core::key::IdempotencyKey;
+use idem_core::store::admin::{AdminStore, Page, Resolution};
+use idem_core::store::{Fenced, Store, StoreFuture, UnixMillis};
+use idem_core::{StoreError, StoreErrorKind};
+
+/// An operator's resolution of a blocked record. KEYS: the record, its note. ARGV: `c`
+/// (complete) or `r` (release), the result, the reason, now. 1: applied (now, or by an earlier
+/// delivery of this very resolution), 0: the record is gone or not blocked.
+pub(super) const RESOLVE: &str = r"
+local k, note = KEYS[1], KEYS[2]
+local v = redis.call('GET', k)
+if not v then return 0 end
+local status = string.sub(v, 33, 33)
+local head = 104 + tonumber(string.sub(v, 101, 104))
+local resolved = '0000000000000000000'
+if status == 'c' then
+  if ARGV[1] == 'c' and string.sub(v, 82, 100) == resolved and string.sub(v, head + 1) == ARGV[2]
+    and redis.call('GET', note) == ARGV[3] then return 1 end
+  return 0
+end
+if status == 'i' and tonumber(string.sub(v, 50, 65)) > tonumber(ARGV[4]) then return 0 end
+if ARGV[1] == 'r' then
+  redis.call('DEL', k, note)
+  return 1
+end
+redis.call('SET', k, string.sub(v, 1, 32) .. 'c' .. string.sub(v, 34, 81) .. resolved
+  .. string.sub(v, 101, head) .. ARGV[2], 'KEEPTTL')
+local ttl = redis.call('PTTL', k)
+if ttl > 0 then
+  redis.call('SET', note, ARGV[3], 'PX', ttl)
+else
+  redis.call('SET', note, ARGV[3])
+end
+return 1
+";
+
+impl AdminStore for RedisStore {
+    fn delete<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let record = self.record_key(tenant, &key);
+            let (deleted, _): (i64, i64) = redis::pipe()
+                .del(&record)
+                .del(format!("{record}:note"))
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| redis_error("delete", e))?;
+            Ok(if deleted == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            })
+        })
+    }
+
+    fn server_time(&self) -> StoreFuture<'_, Option<UnixMillis>> {
+        Box::pin(async move {
+            let (secs, micros): (u64, u64) = redis::cmd("TIME")
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| redis_error("reading the server's clock", e))?;
+            Ok(Some(secs * 1000 + micros / 1000))
+        })
+    }
+
+    /// Walks the keyspace with `SCAN` (a page may hold more than `limit` records, and records
+    /// come in no particular order). On a cluster, one tenant's records live on one primary
+    /// (their hash tag), which is scanned; a scan of every tenant is refused there.
+    fn scan<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        cursor: Option<&'a str>,
+        limit: usize,
+    ) -> StoreFuture<'a, Page> {
+        Box::pin(async move {
+            const OP: &str = "scan";
+            let pattern = match tenant {
+                Some(t) => format!(
+                    "{}:{{{}}}:*",
+                    self.prefix,
+                    idem_core::hex::encode(t.as_bytes())
+                ),
+                None if self.conn.is_cluster() => {
+                    return Err(StoreError::new(
+                        BACKEND,
+                        StoreErrorKind::Other,
+                        "scan: on a Redis Cluster, list one tenant at a time (its records share \
+                         one node)",
+                    ));
+                }
+                None => format!("{}:{{*}}:*", self.prefix),
+            };
+            let mut position: u64 = match cursor {
+                Some(c) => c.parse().map_err(|_| {
+                    StoreError::new(
+                        BACKEND,
+                        StoreErrorKind::Other,
+                        "scan: the cursor is not one this store made",
+                    )
+                })?,
+                None => 0,
+            };
+            let mut records = Vec::new();
+            let mut conn = self.conn.clone();
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(position)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    // MATCH filters after the walk: big steps keep a tenant's scan of a large
+                    // keyspace to few round trips.
+                    .arg(10_000);
+                let (next, names): (u64, Vec<String>) = conn
+                    .on_primary_of(&pattern, &scan)
+                    .await
+                    .and_then(|v| redis::from_redis_value(v).map_err(redis::RedisError::from))
+                    .map_err(|e| redis_error(OP, e))?;
+                for name in names.iter().filter(|n| !n.ends_with(":note")) {
+                    let Some((tenant, key)) = parse_record_key(&self.prefix, name) else {
+                        continue;
+                    };
+                    if let Some(record) = self.lookup(&tenant, key).await? {
+                        records.push(record);
+                    }
+                }
+                position = next;
+                if position == 0 || records.len() >= limit.max(1) {
+                    break;
+                }
+            }
+            Ok(Page {
+                records,
+                next: (position != 0).then(|| position.to_string()),
+            })
+        })
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        resolution: Resolution<'a>,
+        reason: &'a str,
+        now: UnixMillis,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let record = self.record_key(tenant, &key);
+            let note = format!("{record}:note");
+            let (action, result): (&[u8], &[u8]) = match resolution {
+                Resolution::Complete { result } => (b"c", result),
+                Resolution::Release => (b"r", b""),
+            };
+            let applied: i64 = self
+                .invoke(
+                    "resolve",
+                    &self.scripts.resolve,
+                    &[&record, &note],
+                    &[action, result, reason.as_bytes(), time_arg(now).as_bytes()],
+                )
+                .await?;
+            Ok(if applied == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            })
+        })
+    }
+}

@@ -1,0 +1,599 @@
+//! The claim (one plain `SET … NX PX … GET` for the common cases on Redis 7.0+, the Lua script
+//! for the rest) and the fenced completion and release scripts.
+
+use redis::Value;
+
+use super::driver::{
+    BACKEND, again_if_broken, corrupt, int, millis_arg, redis_error, time_arg, time_bound,
+    token_arg,
+};
+use super::record::{SCHEMA_VERSION, decode_record, layout};
+use super::store::RedisStore;
+use idem_core::key::IdempotencyKey;
+use idem_core::store::{
+    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Orphans, Record, RecordStatus,
+    Renewal, Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
+};
+use idem_core::{StoreError, StoreErrorKind};
+
+/// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight,
+/// 5 unknown. ARGV: fingerprint, now, token, lease expiry, expiry (as laid out above), TTL in ms,
+/// the tool name with its 4-digit length, and the orphan policy (`0` take over, `1` reconcile:
+/// take lapsed and unknown records over, `2` block: mark lapsed records unknown).
+pub(super) const CLAIM: &str = r"
+local k = KEYS[1]
+local fp, now, token, orphans = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[8]
+local v = redis.call('GET', k)
+if v and tonumber(string.sub(v, 34, 49)) > now then
+  if string.sub(v, 1, 32) ~= fp then return {2} end
+  local status = string.sub(v, 33, 33)
+  local head = 104 + tonumber(string.sub(v, 101, 104))
+  if status == 'c' then
+    return {3, string.sub(v, 34, 49), string.sub(v, head + 1)}
+  end
+  if string.sub(v, 82, 100) == token then
+    if string.sub(v, 66, 81) == ARGV[2] then return {0} end
+    return {1}
+  end
+  if status == 'u' then
+    if orphans ~= '1' then return {5} end
+  else
+    local lease = string.sub(v, 50, 65)
+    if tonumber(lease) > now then return {4, lease} end
+    if orphans == '2' then
+      redis.call('SET', k, string.sub(v, 1, 32) .. 'u' .. string.sub(v, 34), 'KEEPTTL')
+      return {5}
+    end
+  end
+  redis.call('SET', k, fp .. 'i' .. string.sub(v, 34, 49) .. ARGV[4] .. string.sub(v, 66, 81)
+    .. token .. string.sub(v, 101, head), 'KEEPTTL')
+  return {1}
+end
+redis.call('SET', k, fp .. 'i' .. ARGV[5] .. ARGV[4] .. ARGV[2] .. token .. ARGV[7], 'PX', ARGV[6])
+return {0}
+";
+
+/// 1: applied (now, or by an earlier delivery of this very completion), 0: lost.
+/// ARGV: token, result, expiry, TTL in ms, the status to settle as (`c` or `u`).
+pub(super) const COMPLETE: &str = r"
+local k = KEYS[1]
+local v = redis.call('GET', k)
+if not v or string.sub(v, 82, 100) ~= ARGV[1] then return 0 end
+local head = 104 + tonumber(string.sub(v, 101, 104))
+if string.sub(v, 33, 33) ~= 'i' then
+  if string.sub(v, 33, 33) == ARGV[5] and string.sub(v, head + 1) == ARGV[2] then return 1 end
+  return 0
+end
+redis.call('SET', k, string.sub(v, 1, 32) .. ARGV[5] .. ARGV[3] .. string.sub(v, 50, head)
+  .. ARGV[2], 'PX', ARGV[4])
+return 1
+";
+
+/// 1: renewed, 0: lost. ARGV: token, lease expiry, lease in ms. A record that would expire
+/// before its new lease lapses lives as long as the lease.
+pub(super) const RENEW: &str = r"
+local k = KEYS[1]
+local v = redis.call('GET', k)
+if not v or string.sub(v, 33, 33) ~= 'i' or string.sub(v, 82, 100) ~= ARGV[1] then return 0 end
+if tonumber(string.sub(v, 34, 49)) < tonumber(ARGV[2]) then
+  redis.call('SET', k, string.sub(v, 1, 33) .. ARGV[2] .. ARGV[2] .. string.sub(v, 66), 'PX', ARGV[3])
+else
+  redis.call('SET', k, string.sub(v, 1, 49) .. ARGV[2] .. string.sub(v, 66), 'KEEPTTL')
+end
+return 1
+";
+
+/// 1: deleted, 0: lost. ARGV: token.
+pub(super) const RELEASE: &str = r"
+local k = KEYS[1]
+local v = redis.call('GET', k)
+if v and string.sub(v, 33, 33) == 'i' and string.sub(v, 82, 100) == ARGV[1] then
+  redis.call('DEL', k)
+  return 1
+end
+return 0
+";
+
+/// The record a claim of a new key writes, laid out as [`layout`] says: the fingerprint, `i`,
+/// the expiry, the lease's expiry and the creation time (16 digits each), the token (19), the
+/// tool name's length (4) and the name, in one buffer.
+fn new_record(req: &ClaimRequest<'_>, token: FencingToken) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut new = Vec::with_capacity(layout::HEADER + req.tool.len());
+    new.extend_from_slice(req.fingerprint.as_bytes());
+    new.push(b'i');
+    write!(
+        new,
+        "{:016}{:016}{:016}{:019}{:04}",
+        time_bound(after(req.now, req.ttl)),
+        time_bound(after(req.now, req.lease)),
+        time_bound(req.now),
+        token.get(),
+        req.tool.len(),
+    )
+    .expect("writing to a Vec cannot fail");
+    new.extend_from_slice(req.tool.as_bytes());
+    new
+}
+
+/// One answer per node: a cluster answers a command sent to every primary with a map of node to
+/// answer; one server answers once.
+fn per_node<T: redis::FromRedisValue>(op: &str, answer: Value) -> Result<Vec<T>, StoreError> {
+    let unexpected = |_| corrupt(op, "the server answered something unexpected");
+    match answer {
+        Value::Map(nodes) => nodes
+            .into_iter()
+            .map(|(_, answer)| redis::from_redis_value(answer).map_err(unexpected))
+            .collect(),
+        answer => Ok(vec![redis::from_redis_value(answer).map_err(unexpected)?]),
+    }
+}
+
+/// What a claim decides from the record that `SET … NX GET` found, by the one decision table
+/// ([`decide`]), when that decision writes nothing; or this very claim, sent again after the
+/// answer to its first delivery was lost. `None` when it would write (the record expired, a
+/// lease lapsed, an orphan is taken over or marked `unknown`): then the script decides, on the
+/// record as it is by then.
+pub(super) fn decide_without_writing(
+    found: Record,
+    req: &ClaimRequest<'_>,
+    token: FencingToken,
+) -> Option<Claim> {
+    let decision = decide(Some(found.held()), req.fingerprint, req.now, req.orphans);
+    // A live record of these arguments, not completed: if it carries this claim's token, it is
+    // this very claim, sent again after the answer to its first delivery was lost.
+    let unsettled = !matches!(
+        decision,
+        Decision::Insert | Decision::Mismatch | Decision::Replay
+    );
+    if unsettled && found.token == token {
+        return Some(Claim::Acquired {
+            token,
+            takeover: found.created_at != req.now,
+        });
+    }
+    decision.answer_without_writing(|| found.result.unwrap_or_default())
+}
+
+impl Store for RedisStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn expires_on_its_own(&self) -> bool {
+        true
+    }
+
+    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+        Box::pin(async move {
+            let claim: Result<Claim, StoreError> = async {
+                const OP: &str = "claim";
+                if let Some(answer) = self.replays.get(&req) {
+                    return Ok(answer);
+                }
+                if req.tool.len() > 9999 {
+                    return Err(StoreError::new(
+                        BACKEND,
+                        StoreErrorKind::Other,
+                        "claim: a tool name longer than 9999 bytes does not fit the record",
+                    ));
+                }
+                let token = FencingToken::generate();
+                // The record a new key gets; the script's arguments are slices of it.
+                let new = new_record(&req, token);
+                let ttl = millis_arg(req.ttl);
+                let record = self.record_key(req.tenant, &req.key);
+                if self.set_nx_get {
+                    let mut set = redis::cmd("SET");
+                    set.arg(&record)
+                        .arg(&new)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(&ttl)
+                        .arg("GET");
+                    let set = &set;
+                    let found: Option<Vec<u8>> = again_if_broken(OP, || {
+                        let mut conn = self.conn.clone();
+                        async move { set.query_async(&mut conn).await }
+                    })
+                    .await?;
+                    let Some(found) = found else {
+                        return Ok(Claim::Acquired {
+                            token,
+                            takeover: false,
+                        });
+                    };
+                    let found = decode_record(OP, req.tenant, req.key, &found)?;
+                    let expires_at = found.expires_at;
+                    if let Some(answer) = decide_without_writing(found, &req, token) {
+                        if let Claim::Completed { result } = &answer {
+                            self.replays.put(&req, result, expires_at);
+                        }
+                        return Ok(answer);
+                    }
+                }
+                let answer: Vec<Value> = self
+                    .invoke(
+                        OP,
+                        &self.scripts.claim,
+                        &[&record],
+                        &[
+                            &new[layout::FINGERPRINT],
+                            &new[layout::CREATED],
+                            &new[layout::TOKEN],
+                            &new[layout::LEASE],
+                            &new[layout::EXPIRES],
+                            ttl.as_bytes(),
+                            &new[layout::TOOL_LEN.start..],
+                            match req.orphans {
+                                Orphans::TakeOver => b"0",
+                                Orphans::Reconcile => b"1",
+                                Orphans::Block => b"2",
+                            },
+                        ],
+                    )
+                    .await?;
+                let decision = answer
+                    .first()
+                    .ok_or_else(|| corrupt(OP, "empty answer"))
+                    .and_then(|v| int(OP, v))?;
+                Ok(match (decision, answer.get(1), answer.get(2)) {
+                    (0 | 1, _, _) => Claim::Acquired {
+                        token,
+                        takeover: decision == 1,
+                    },
+                    (2, _, _) => Claim::Mismatch,
+                    (3, Some(expires_at), result) => {
+                        let result = match result {
+                            Some(Value::BulkString(bytes)) => bytes.clone(),
+                            _ => Vec::new(),
+                        };
+                        let expires_at = int(OP, expires_at)?.max(0) as u64;
+                        self.replays.put(&req, &result, expires_at);
+                        Claim::Completed { result }
+                    }
+                    (4, Some(lease), _) => Claim::InFlight {
+                        lease_expires_at: int(OP, lease)?.max(0) as u64,
+                    },
+                    (5, _, _) => Claim::Unknown,
+                    _ => return Err(corrupt(OP, "unknown decision")),
+                })
+            }
+            .await;
+            let claim = claim?;
+            if let Claim::Acquired { token, .. } = claim {
+                // The body may run: first the replicas the options ask for must hold the claim.
+                self.replicated("claim", req.tenant, &req.key, token, false)
+                    .await?;
+            }
+            Ok(claim)
+        })
+    }
+
+    fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let token = token_arg(c.token);
+            let expires_at = time_arg(after(c.now, c.ttl));
+            let ttl = millis_arg(c.ttl);
+            let applied: i64 = self
+                .invoke(
+                    "complete",
+                    &self.scripts.complete,
+                    &[&self.record_key(c.tenant, &c.key)],
+                    &[
+                        token.as_bytes(),
+                        c.result,
+                        expires_at.as_bytes(),
+                        ttl.as_bytes(),
+                        match c.status {
+                            RecordStatus::Unknown => b"u",
+                            RecordStatus::Completed | RecordStatus::InFlight => b"c",
+                        },
+                    ],
+                )
+                .await?;
+            if applied != 1 {
+                return Ok(Fenced::Lost);
+            }
+            // A completion a failover loses would leave the claim in flight, and a retry would
+            // take it over once its lease lapsed and run the body again.
+            self.replicated("complete", c.tenant, &c.key, c.token, true)
+                .await?;
+            Ok(Fenced::Applied)
+        })
+    }
+
+    fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let token = token_arg(r.token);
+            let lease_expires_at = time_arg(after(r.now, r.lease));
+            let lease = millis_arg(r.lease);
+            let renewed: i64 = self
+                .invoke(
+                    "renew",
+                    &self.scripts.renew,
+                    &[&self.record_key(r.tenant, &r.key)],
+                    &[
+                        token.as_bytes(),
+                        lease_expires_at.as_bytes(),
+                        lease.as_bytes(),
+                    ],
+                )
+                .await?;
+            Ok(if renewed == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            })
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        token: FencingToken,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let token = token_arg(token);
+            let deleted: i64 = self
+                .invoke(
+                    "release",
+                    &self.scripts.release,
+                    &[&self.record_key(tenant, &key)],
+                    &[token.as_bytes()],
+                )
+                .await?;
+            Ok(if deleted == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            })
+        })
+    }
+
+    fn lookup<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+    ) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move {
+            const OP: &str = "lookup";
+            let record = self.record_key(tenant, &key);
+            let (value, note): (Option<Vec<u8>>, Option<String>) = redis::pipe()
+                .get(&record)
+                .get(format!("{record}:note"))
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| redis_error(OP, e))?;
+            value
+                .map(|v| decode_record(OP, tenant, key, &v).map(|r| Record { note, ..r }))
+                .transpose()
+        })
+    }
+
+    fn purge_expired(&self, _now: UnixMillis, _limit: usize) -> StoreFuture<'_, usize> {
+        // Records carry a Redis expiry; the server deletes them on its own.
+        Box::pin(async { Ok(0) })
+    }
+
+    fn health(&self) -> StoreFuture<'_, StoreHealth> {
+        Box::pin(async move {
+            const OP: &str = "health check";
+            let version = self.layout_version(OP).await?;
+            // On a cluster, INFO and CONFIG answer from every primary: each must be durable.
+            let info: Value = redis::cmd("INFO")
+                .arg("persistence")
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| redis_error(OP, e))?;
+            let infos: Vec<String> = per_node(OP, info)?;
+            let aof = !infos.is_empty()
+                && infos
+                    .iter()
+                    .all(|info| info.lines().any(|line| line.trim() == "aof_enabled:1"));
+            // CONFIG may be forbidden (managed services); then the fsync policy is unknown.
+            let policies: Option<Vec<Vec<String>>> = match redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("appendfsync")
+                .query_async::<Value>(&mut self.conn.clone())
+                .await
+            {
+                Ok(answer) => per_node(OP, answer).ok(),
+                Err(_) => None,
+            };
+            let fsync: Option<String> = policies.and_then(|nodes| {
+                let mut policies = nodes.into_iter().map(|pair| pair.into_iter().nth(1));
+                let first = policies.next().flatten()?;
+                // The weakest policy speaks for the cluster.
+                Some(if policies.all(|p| p.as_deref() == Some(&first)) {
+                    first
+                } else {
+                    "mixed".to_owned()
+                })
+            });
+            let replicated = !self.conn.is_cluster() || self.wait.replicas > 0;
+            let durable = aof && fsync.as_deref() == Some("always") && replicated;
+            let detail = match (aof, fsync.as_deref()) {
+                (false, _) => Some(
+                    "the server runs with appendonly no: a Redis restart forgets every claim"
+                        .to_owned(),
+                ),
+                (true, Some("always")) if replicated => None,
+                (true, Some("always")) => Some(
+                    "a Redis Cluster replicates asynchronously: a failover may lose the last \
+                     claims; set wait_replicas=1"
+                        .to_owned(),
+                ),
+                (true, Some(policy)) => Some(format!(
+                    "the server runs with appendfsync {policy}: a crash of the server may forget \
+                     the claims of the last second"
+                )),
+                (true, None) => Some(
+                    "the server's appendfsync policy cannot be read (CONFIG is not allowed)"
+                        .to_owned(),
+                ),
+            };
+            Ok(StoreHealth {
+                encrypted: self.encrypted,
+                backend: BACKEND,
+                schema_version: version,
+                expected_schema_version: SCHEMA_VERSION,
+                durable,
+                detail,
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The record a claim of a new key sends reads back as that claim's record, and the
+    /// script's arguments cut from it are the fields the script expects.
+    #[test]
+    fn a_new_record_reads_back_as_the_claim_that_made_it() {
+        use std::time::Duration;
+
+        use super::new_record;
+        use crate::record::{decode_record, layout};
+        use idem_core::fingerprint::Fingerprint;
+        use idem_core::key::IdempotencyKey;
+        use idem_core::store::{ClaimRequest, FencingToken, Orphans, RecordStatus};
+
+        let key = IdempotencyKey::from_bytes([2; 32]);
+        let req = ClaimRequest {
+            tenant: "t",
+            key,
+            tool: "register_payment",
+            fingerprint: Fingerprint::from_bytes([1; 32]),
+            now: 1_700_000_000_000,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+            orphans: Orphans::TakeOver,
+        };
+        let new = new_record(&req, FencingToken::from_raw(42));
+        let record = decode_record("test", "t", key, &new).expect("laid out as a record");
+        assert_eq!(record.fingerprint, req.fingerprint);
+        assert_eq!(record.status, RecordStatus::InFlight);
+        assert_eq!(record.token, FencingToken::from_raw(42));
+        assert_eq!(record.created_at, req.now);
+        assert_eq!(record.lease_expires_at, req.now + 30_000);
+        assert_eq!(record.expires_at, req.now + 3_600_000);
+        assert_eq!(record.tool, "register_payment");
+        assert_eq!(record.result, None);
+        assert_eq!(&new[layout::CREATED], b"0001700000000000");
+        assert_eq!(&new[layout::TOKEN], b"0000000000000000042");
+        assert_eq!(&new[layout::TOOL_LEN.start..], b"0016register_payment");
+
+        // Times stay below 2^53, which Lua compares exactly.
+        let late = ClaimRequest {
+            now: u64::MAX - 1,
+            ..req
+        };
+        let new = new_record(&late, FencingToken::from_raw(1));
+        assert_eq!(&new[layout::EXPIRES], b"9007199254740992");
+        assert_eq!(&new[layout::CREATED], b"9007199254740992");
+    }
+
+    /// The decisions the plain command takes on its own are the script's, and it leaves to the
+    /// script every one that writes.
+    #[test]
+    fn a_found_record_is_decided_without_writing_only_when_nothing_changes() {
+        use std::time::Duration;
+
+        use super::decide_without_writing;
+        use idem_core::fingerprint::Fingerprint;
+        use idem_core::key::IdempotencyKey;
+        use idem_core::store::{Claim, ClaimRequest, FencingToken, Orphans, Record, RecordStatus};
+
+        let (now, mine, theirs) = (
+            1_000_000,
+            FencingToken::from_raw(7),
+            FencingToken::from_raw(9),
+        );
+        let fp = Fingerprint::from_bytes([1; 32]);
+        let key = IdempotencyKey::from_bytes([2; 32]);
+        let req = |orphans| ClaimRequest {
+            tenant: "t",
+            key,
+            tool: "tool",
+            fingerprint: fp,
+            now,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+            orphans,
+        };
+        let record = |status, token, lease_expires_at, expires_at| Record {
+            tenant: "t".into(),
+            key,
+            tool: "tool".into(),
+            fingerprint: fp,
+            status,
+            token,
+            lease_expires_at,
+            created_at: now - 10,
+            expires_at,
+            result: (status != RecordStatus::InFlight).then(|| b"42".to_vec()),
+            note: None,
+        };
+        let decide = |found: Record, orphans| decide_without_writing(found, &req(orphans), mine);
+        let live = now + 1;
+        let (i, c, u) = (
+            RecordStatus::InFlight,
+            RecordStatus::Completed,
+            RecordStatus::Unknown,
+        );
+
+        for orphans in [Orphans::TakeOver, Orphans::Reconcile, Orphans::Block] {
+            // Expired by the caller's clock, though Redis still holds it: the script replaces it.
+            assert_eq!(decide(record(c, theirs, 0, now), orphans), None);
+            let other = Record {
+                fingerprint: Fingerprint::from_bytes([3; 32]),
+                ..record(c, theirs, 0, live)
+            };
+            assert_eq!(decide(other, orphans), Some(Claim::Mismatch));
+            assert_eq!(
+                decide(record(c, theirs, 0, live), orphans),
+                Some(Claim::Completed {
+                    result: b"42".to_vec()
+                })
+            );
+            assert_eq!(
+                decide(record(i, theirs, live, live), orphans),
+                Some(Claim::InFlight {
+                    lease_expires_at: live
+                })
+            );
+            // A lapsed lease is taken over or marked: a write.
+            assert_eq!(decide(record(i, theirs, now, live), orphans), None);
+            // This very claim, delivered twice.
+            assert_eq!(
+                decide(record(i, mine, live, live), orphans),
+                Some(Claim::Acquired {
+                    token: mine,
+                    takeover: true
+                })
+            );
+            let first = Record {
+                created_at: now,
+                ..record(i, mine, live, live)
+            };
+            assert_eq!(
+                decide(first, orphans),
+                Some(Claim::Acquired {
+                    token: mine,
+                    takeover: false
+                })
+            );
+        }
+        assert_eq!(
+            decide(record(u, theirs, 0, live), Orphans::TakeOver),
+            Some(Claim::Unknown)
+        );
+        assert_eq!(
+            decide(record(u, theirs, 0, live), Orphans::Block),
+            Some(Claim::Unknown)
+        );
+        assert_eq!(decide(record(u, theirs, 0, live), Orphans::Reconcile), None);
+    }
+}

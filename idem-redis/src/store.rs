@@ -1,0 +1,49 @@
+//! The store's handle and what it holds: the connection, the key prefix, the scripts, the replay
+//! cache, and what it knows of the server. Each role adds its methods in its own file (opening
+//! in `lib.rs`, the claim and the `Store` operations, records, admin); this file holds the state
+//! they share.
+
+use std::time::Duration;
+
+use idem_core::store::replay_cache::ReplayCache;
+use redis::Script;
+
+use crate::connection::Connection;
+
+/// The shared Redis [`Store`](idem_core::store::Store). Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    pub(crate) conn: Connection,
+    pub(crate) prefix: std::sync::Arc<str>,
+    pub(crate) scripts: std::sync::Arc<Scripts>,
+    pub(crate) replays: std::sync::Arc<ReplayCache>,
+    /// Whether the server takes `SET … NX GET` (Redis 7.0 and later): then a claim tries the
+    /// plain command first (see the module docs).
+    pub(crate) set_nx_get: bool,
+    pub(crate) wait: Wait,
+    /// Whether the connection is encrypted, when the store made it.
+    pub(crate) encrypted: Option<bool>,
+}
+
+/// The replicas a claim and a completion wait for (`wait_replicas`, `wait_timeout_ms`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wait {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+pub(crate) struct Scripts {
+    pub(crate) claim: Script,
+    pub(crate) complete: Script,
+    pub(crate) renew: Script,
+    pub(crate) release: Script,
+    pub(crate) resolve: Script,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}

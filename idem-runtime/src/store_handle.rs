@@ -1,0 +1,87 @@
+//! The store of a runtime, as [`Idem::store`](crate::Idem::store) lends it.
+
+use std::any::Any;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use idem_core::IdempotencyKey;
+use idem_core::store::{
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
+    StoreHealth, UnixMillis,
+};
+
+/// The store an [`Idem`](crate::Idem) runtime calls: every [`Store`] operation (it derefs to
+/// `dyn Store` and implements the trait), and what only a backend offers, found under any
+/// wrapper.
+#[derive(Clone)]
+pub struct IdemStore(Arc<dyn Store>);
+
+impl IdemStore {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        IdemStore(store)
+    }
+
+    /// The PostgreSQL store this is, or wraps (feature `postgres`): transactional tools
+    /// (`#[idempotent(…, transactional)]`) run their transactions on its database, and a sqlx
+    /// pool is handed to it (`PostgresStore::use_sqlx`). `None` for every other store.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(&self) -> Option<&idem_postgres::PostgresStore> {
+        self.0.as_any()?.downcast_ref()
+    }
+}
+
+impl std::fmt::Debug for IdemStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("IdemStore").field(&self.0.backend()).finish()
+    }
+}
+
+impl Deref for IdemStore {
+    type Target = dyn Store;
+
+    fn deref(&self) -> &(dyn Store + 'static) {
+        &*self.0
+    }
+}
+
+impl Store for IdemStore {
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+    fn expires_on_its_own(&self) -> bool {
+        self.0.expires_on_its_own()
+    }
+    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+        self.0.claim(req)
+    }
+    fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced> {
+        self.0.complete(completion)
+    }
+    fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+        self.0.renew(renewal)
+    }
+    fn release<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        token: FencingToken,
+    ) -> StoreFuture<'a, Fenced> {
+        self.0.release(tenant, key, token)
+    }
+    fn lookup<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+    ) -> StoreFuture<'a, Option<Record>> {
+        self.0.lookup(tenant, key)
+    }
+    fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
+        self.0.purge_expired(now, limit)
+    }
+    fn health(&self) -> StoreFuture<'_, StoreHealth> {
+        self.0.health()
+    }
+    fn as_any(&self) -> Option<&(dyn Any + Send + Sync)> {
+        self.0.as_any()
+    }
+}

@@ -1,0 +1,352 @@
+//! The claim and the other writes, as statements applied inside a group commit's transaction,
+//! and the reads that decide a claim without writing (on the reader pool).
+
+use std::time::Duration;
+
+use rusqlite::{Connection, params};
+
+use super::driver::{BACKEND, bytes32, db_time, sql_error, status};
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::IdempotencyKey;
+use idem_core::store::{
+    Claim, Decision, Fenced, FencingToken, Held, Orphans, Record, RecordStatus, UnixMillis, after,
+    decide,
+};
+use idem_core::{StoreError, StoreErrorKind};
+
+pub(super) const SELECT_HELD: &str = "SELECT fingerprint, status, lease_expires_at, expires_at, result \
+     FROM idem_records WHERE tenant = ?1 AND key = ?2";
+
+pub(super) const RECORD_COLUMNS: &str = "tenant, key, tool, fingerprint, status, token, \
+     lease_expires_at, created_at, expires_at, result, note";
+
+/// The condition of a record an operator may resolve (`?3` is now).
+pub(super) const BLOCKED: &str = "tenant = ?1 AND key = ?2 \
+     AND (status = 'unknown' OR (status = 'in_flight' AND lease_expires_at <= ?3))";
+
+pub(super) enum Op {
+    Claim {
+        tenant: String,
+        key: IdempotencyKey,
+        tool: String,
+        fingerprint: Fingerprint,
+        now: UnixMillis,
+        lease: Duration,
+        ttl: Duration,
+        orphans: Orphans,
+    },
+    Complete {
+        tenant: String,
+        key: IdempotencyKey,
+        token: FencingToken,
+        status: RecordStatus,
+        result: Vec<u8>,
+        expires_at: UnixMillis,
+    },
+    Renew {
+        tenant: String,
+        key: IdempotencyKey,
+        token: FencingToken,
+        lease_expires_at: UnixMillis,
+    },
+    Release {
+        tenant: String,
+        key: IdempotencyKey,
+        token: FencingToken,
+    },
+    Purge {
+        now: UnixMillis,
+        limit: usize,
+    },
+    Delete {
+        tenant: String,
+        key: IdempotencyKey,
+    },
+    Resolve {
+        tenant: String,
+        key: IdempotencyKey,
+        /// The result to complete with; `None` releases.
+        result: Option<Vec<u8>>,
+        reason: String,
+        now: UnixMillis,
+    },
+}
+
+pub(super) enum Reply {
+    Claim(Claim),
+    /// A replay decided on the write path, with what the replay cache needs.
+    Replay {
+        result: Vec<u8>,
+        expires_at: UnixMillis,
+    },
+    Fenced(Fenced),
+    Purged(usize),
+}
+
+/// What a claim decides on, and the stored result when the record is completed.
+pub(super) type HeldRecord = (Held, Option<Vec<u8>>);
+
+/// Reads what a claim decides on, without allocating for the fixed-size columns. The result is
+/// copied only for completed records (the replay path).
+pub(super) fn read_held(
+    conn: &Connection,
+    tenant: &str,
+    key: &IdempotencyKey,
+) -> Result<Option<HeldRecord>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(SELECT_HELD)
+        .map_err(|e| sql_error("claim", e))?;
+    let mut rows = stmt
+        .query(params![tenant, &key.as_bytes()[..]])
+        .map_err(|e| sql_error("claim", e))?;
+    let Some(row) = rows.next().map_err(|e| sql_error("claim", e))? else {
+        return Ok(None);
+    };
+    let corrupt =
+        |what: &str| StoreError::new(BACKEND, StoreErrorKind::Corrupt, format!("claim: {what}"));
+    let column = |i| row.get_ref(i).map_err(|e| sql_error("claim", e));
+    let fingerprint: [u8; 32] = column(0)?
+        .as_blob()
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("the fingerprint column is not 32 bytes"))?;
+    let status = column(1)?
+        .as_str()
+        .ok()
+        .and_then(RecordStatus::parse)
+        .ok_or_else(|| corrupt("unknown status"))?;
+    let time = |i| -> Result<u64, StoreError> {
+        let t = column(i)?
+            .as_i64()
+            .map_err(|_| corrupt("a time column is not an integer"))?;
+        Ok(t.max(0) as u64)
+    };
+    let held = Held {
+        fingerprint: Fingerprint::from_bytes(fingerprint),
+        status,
+        lease_expires_at: time(2)?,
+        expires_at: time(3)?,
+    };
+    let result = match status {
+        RecordStatus::Completed => column(4)?
+            .as_blob_or_null()
+            .ok()
+            .flatten()
+            .map(<[u8]>::to_vec),
+        RecordStatus::InFlight | RecordStatus::Unknown => None,
+    };
+    Ok(Some((held, result)))
+}
+
+pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
+    match op {
+        Op::Claim {
+            tenant,
+            key,
+            tool,
+            fingerprint,
+            now,
+            lease,
+            ttl,
+            orphans,
+        } => {
+            let held = read_held(tx, &tenant, &key)?;
+            let claim = match decide(held.as_ref().map(|h| h.0), fingerprint, now, orphans) {
+                Decision::Mismatch => Claim::Mismatch,
+                Decision::Blocked => Claim::Unknown,
+                Decision::MarkUnknown => {
+                    tx.prepare_cached(
+                        "UPDATE idem_records SET status = 'unknown' WHERE tenant = ?1 AND key = ?2",
+                    )
+                    .and_then(|mut s| s.execute(params![tenant, &key.as_bytes()[..]]))
+                    .map_err(|e| sql_error("claim", e))?;
+                    Claim::Unknown
+                }
+                Decision::InFlight { lease_expires_at } => Claim::InFlight { lease_expires_at },
+                Decision::Replay => {
+                    let (held, result) = held.expect("a replay has a record");
+                    return Ok(Reply::Replay {
+                        result: result.unwrap_or_default(),
+                        expires_at: held.expires_at,
+                    });
+                }
+                Decision::Insert => {
+                    let token = FencingToken::generate();
+                    tx.prepare_cached(
+                        "INSERT OR REPLACE INTO idem_records (tenant, key, tool, fingerprint, \
+                         status, token, lease_expires_at, created_at, expires_at, result) \
+                         VALUES (?1, ?2, ?3, ?4, 'in_flight', ?5, ?6, ?7, ?8, NULL)",
+                    )
+                    .and_then(|mut s| {
+                        s.execute(params![
+                            tenant,
+                            &key.as_bytes()[..],
+                            tool,
+                            &fingerprint.as_bytes()[..],
+                            token.get() as i64,
+                            db_time(after(now, lease)),
+                            db_time(now),
+                            db_time(after(now, ttl)),
+                        ])
+                    })
+                    .map_err(|e| sql_error("claim", e))?;
+                    Claim::Acquired {
+                        token,
+                        takeover: false,
+                    }
+                }
+                Decision::Takeover => {
+                    let token = FencingToken::generate();
+                    tx.prepare_cached(
+                        "UPDATE idem_records SET status = 'in_flight', token = ?3, \
+                         lease_expires_at = ?4, result = NULL WHERE tenant = ?1 AND key = ?2",
+                    )
+                    .and_then(|mut s| {
+                        s.execute(params![
+                            tenant,
+                            &key.as_bytes()[..],
+                            token.get() as i64,
+                            db_time(after(now, lease)),
+                        ])
+                    })
+                    .map_err(|e| sql_error("claim", e))?;
+                    Claim::Acquired {
+                        token,
+                        takeover: true,
+                    }
+                }
+            };
+            Ok(Reply::Claim(claim))
+        }
+        Op::Complete {
+            tenant,
+            key,
+            token,
+            status,
+            result,
+            expires_at,
+        } => {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE idem_records SET status = ?6, result = ?4, expires_at = ?5 \
+                     WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        tenant,
+                        &key.as_bytes()[..],
+                        token.get() as i64,
+                        result,
+                        db_time(expires_at),
+                        status.as_str(),
+                    ])
+                })
+                .map_err(|e| sql_error("complete", e))?;
+            Ok(fenced(n))
+        }
+        Op::Renew {
+            tenant,
+            key,
+            token,
+            lease_expires_at,
+        } => {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE idem_records SET lease_expires_at = ?4, \
+                     expires_at = max(expires_at, ?4) \
+                     WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        tenant,
+                        &key.as_bytes()[..],
+                        token.get() as i64,
+                        db_time(lease_expires_at),
+                    ])
+                })
+                .map_err(|e| sql_error("renew", e))?;
+            Ok(fenced(n))
+        }
+        Op::Release { tenant, key, token } => {
+            let n = tx
+                .prepare_cached(
+                    "DELETE FROM idem_records \
+                     WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![tenant, &key.as_bytes()[..], token.get() as i64])
+                })
+                .map_err(|e| sql_error("release", e))?;
+            Ok(fenced(n))
+        }
+        Op::Delete { tenant, key } => {
+            let n = tx
+                .prepare_cached("DELETE FROM idem_records WHERE tenant = ?1 AND key = ?2")
+                .and_then(|mut s| s.execute(params![tenant, &key.as_bytes()[..]]))
+                .map_err(|e| sql_error("delete", e))?;
+            Ok(fenced(n))
+        }
+        Op::Resolve {
+            tenant,
+            key,
+            result,
+            reason,
+            now,
+        } => {
+            let key = &key.as_bytes()[..];
+            let n = match result {
+                Some(result) => {
+                    tx.prepare_cached(&format!(
+                        "UPDATE idem_records SET status = 'completed', result = ?4, note = ?5, \
+                         token = 0 WHERE {BLOCKED}"
+                    ))
+                    .and_then(|mut s| s.execute(params![tenant, key, db_time(now), result, reason]))
+                }
+                None => tx
+                    .prepare_cached(&format!("DELETE FROM idem_records WHERE {BLOCKED}"))
+                    .and_then(|mut s| s.execute(params![tenant, key, db_time(now)])),
+            }
+            .map_err(|e| sql_error("resolve", e))?;
+            Ok(fenced(n))
+        }
+        Op::Purge { now, limit } => {
+            let n = tx
+                .prepare_cached(
+                    "DELETE FROM idem_records WHERE (tenant, key) IN \
+                     (SELECT tenant, key FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
+                )
+                .and_then(|mut s| s.execute(params![db_time(now), limit as i64]))
+                .map_err(|e| sql_error("purge", e))?;
+            Ok(Reply::Purged(n))
+        }
+    }
+}
+
+/// A fenced write's answer from the number of rows it changed.
+fn fenced(rows: usize) -> Reply {
+    Reply::Fenced(if rows == 1 {
+        Fenced::Applied
+    } else {
+        Fenced::Lost
+    })
+}
+
+/// A row of [`RECORD_COLUMNS`].
+pub(super) fn decode_record(op: &str, row: &rusqlite::Row<'_>) -> Result<Record, StoreError> {
+    let get = |e| sql_error(op, e);
+    let time =
+        |i| -> Result<u64, StoreError> { Ok(row.get::<_, i64>(i).map_err(get)?.max(0) as u64) };
+    Ok(Record {
+        tenant: row.get(0).map_err(get)?,
+        key: IdempotencyKey::from_bytes(bytes32(op, row.get(1).map_err(get)?)?),
+        tool: row.get(2).map_err(get)?,
+        fingerprint: Fingerprint::from_bytes(bytes32(op, row.get(3).map_err(get)?)?),
+        status: status(op, &row.get::<_, String>(4).map_err(get)?)?,
+        token: FencingToken::from_raw(row.get::<_, i64>(5).map_err(get)? as u64),
+        lease_expires_at: time(6)?,
+        created_at: time(7)?,
+        expires_at: time(8)?,
+        result: row.get(9).map_err(get)?,
+        note: row.get(10).map_err(get)?,
+    })
+}

@@ -1,0 +1,523 @@
+//! The embedded SQLite store: a file on disk, WAL, and group commit.
+//!
+//! `Idem::open("sqlite://idem.db")` opens (and creates) one. What it guarantees:
+//!
+//! - **Durable claims.** A claim is committed with `synchronous=FULL` (the default) before
+//!   [`Claim::Acquired`] is answered, so the tool body never runs on a claim that a crash, even
+//!   of the machine, could forget.
+//! - **Group commit, led by a caller.** Writes queue up; the caller that finds no commit under
+//!   way becomes the *leader*: it takes everything queued, applies it in one transaction, commits
+//!   once, and answers every caller in the batch. A lone caller commits on its own thread, without
+//!   waiting for another thread to wake up (its task is blocked for that one `fsync`, as with any
+//!   synchronous SQLite call). When others are queued too, the leading moves to a blocking thread
+//!   of the tokio runtime, which commits batch after batch (lingering 0.5 ms for more) so that no
+//!   async worker waits in `fsync` while there is work for it. Answers are sent only after the
+//!   commit; a leadership is handed on, never lost, even when a caller's future is dropped.
+//! - **Reads do not queue.** While claims lately found records (at least one in eight: replays,
+//!   mismatches, calls in flight), a claim first reads a committed snapshot on a pool of reader
+//!   connections (WAL lets them run beside the writer), which answers without queueing behind
+//!   others' commits; only claims that may write take the write path. While nearly every claim
+//!   is a new key, claims go straight to the write path, which reads the record in its own
+//!   transaction: the read first would be read again there, and the keeper pinned for it
+//!   and unpinned for the write at every call (a fresh call's process CPU 268–278 µs with it,
+//!   236–239 µs without, perf; see `store/read_first.rs`). A keeper connection holds a read
+//!   transaction on the newest snapshot, so that the readers' WAL read locks cost no system
+//!   call; it lets go while this store writes and stands aside when another process writes.
+//! - **Several processes.** Writers take SQLite's write lock (`BEGIN IMMEDIATE`, with a busy
+//!   timeout), so processes sharing one file still claim each key exactly once.
+//! - **A versioned schema**, created on open; a file written by a newer schema is refused.
+//! - **Replays from memory.** A completed record cannot change before it expires, so replays
+//!   (and mismatches against it) found once are answered from a small in-process cache
+//!   (1 MiB by default, `replay_cache=N` KiB; records of up to 16 KiB, each trusted for at most
+//!   10 s; S3-FIFO eviction and TinyLFU admission, so cycling over more intents than fit keeps
+//!   a part of them answered from memory, and the other replays cost no copy into the cache).
+//!
+//! URL options: `sqlite://PATH?synchronous=full|normal&busy_timeout_ms=N&replay_cache=N`.
+//! `normal` survives a crash of the process but not a power loss; [`StoreHealth::durable`] says
+//! which you have. `replay_cache=0` turns the cache off.
+
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+
+use rusqlite::{Connection, params};
+
+use idem_core::key::IdempotencyKey;
+use idem_core::store::read_first::{ONE, ReadFirst};
+use idem_core::store::replay_cache::ReplayCache;
+use idem_core::store::{
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
+    StoreHealth, UnixMillis, after, decide,
+};
+use idem_core::{StoreError, StoreErrorKind};
+
+mod admin;
+mod claim;
+mod driver;
+mod group_commit;
+mod keeper;
+mod options;
+mod schema;
+
+pub use self::options::{SqliteOptions, Synchronous};
+pub use self::schema::SCHEMA_VERSION;
+
+use self::claim::{Op, RECORD_COLUMNS, Reply, decode_record, read_held};
+use self::driver::{BACKEND, closed, sql_error, unexpected};
+use self::group_commit::{Queue, Shared};
+use self::keeper::KeeperCell;
+use self::schema::{migrate, open_connection};
+
+inventory::submit! {
+    idem_core::store::admin::Driver::new(&["sqlite"], "sqlite://PATH", |url| Box::pin(open_url(url)))
+}
+
+/// Opens `sqlite://PATH[?options]` (the driver of `Idem::open`), on a blocking thread.
+async fn open_url(url: &str) -> idem_core::store::admin::Opened {
+    let rest = url.split_once("://").map_or("", |(_, rest)| rest);
+    let options = SqliteOptions::from_url_rest(rest)
+        .map_err(|reason| idem_core::store::admin::invalid_url(url, reason))?;
+    let store = tokio::task::spawn_blocking(move || SqliteStore::open(options))
+        .await
+        .map_err(|_| {
+            StoreError::new(
+                BACKEND,
+                StoreErrorKind::Unavailable,
+                "opening the file panicked",
+            )
+        })??;
+    Ok(Arc::new(store))
+}
+
+/// The share of claims answered without writing from which a claim reads a snapshot first: one
+/// in eight. A read first costs a new key little (a point `SELECT` and a read lock), and spares a
+/// claim that finds a record a place behind others' `fsync`s, hundreds of times as long: it pays
+/// unless nearly every claim is new.
+const READ_FIRST_FROM: u32 = ONE / 8;
+
+/// The embedded SQLite [`Store`]. Cheap to clone; clones share the writer and the readers.
+#[derive(Clone)]
+pub struct SqliteStore {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.shared.options.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the store at `options.path` and creates or checks the schema.
+    pub fn open(options: SqliteOptions) -> Result<Self, StoreError> {
+        if let Some(dir) = options.path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            return Err(StoreError::new(
+                BACKEND,
+                StoreErrorKind::Unavailable,
+                format!(
+                    "cannot open `{}`: its directory does not exist",
+                    options.path.display()
+                ),
+            ));
+        }
+        let mut writer = open_connection(&options)?;
+        migrate(&mut writer, options.busy_timeout)?;
+        let keeper = KeeperCell::new(open_connection(&options)?);
+        Ok(SqliteStore {
+            shared: Arc::new(Shared {
+                queue: Mutex::new(Queue::default()),
+                queued: Condvar::new(),
+                writer: Mutex::new(writer),
+                readers: Mutex::new(Vec::new()),
+                keeper,
+                replays: ReplayCache::new(options.replay_cache),
+                read_first: ReadFirst::new(READ_FIRST_FROM),
+                options,
+            }),
+        })
+    }
+
+    /// Opens the store at `path` with default options.
+    pub fn open_path(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open(SqliteOptions::new(path.as_ref()))
+    }
+
+    /// The options the store was opened with.
+    pub fn options(&self) -> &SqliteOptions {
+        &self.shared.options
+    }
+
+    /// Runs `f` on a pooled reader connection.
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let pooled = self.shared.readers.lock().map_err(|_| closed())?.pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => open_connection(&self.shared.options)?,
+        };
+        self.shared.keeper.before_read();
+        let out = f(&conn);
+        if let Ok(mut readers) = self.shared.readers.lock() {
+            readers.push(conn);
+        }
+        out
+    }
+}
+
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+        Box::pin(async move {
+            let replays = &self.shared.replays;
+            if let Some(answer) = replays.get(&req) {
+                return Ok(answer);
+            }
+            // A committed snapshot answers every claim that cannot write, without queueing
+            // behind the commits of others.
+            let read_first = &self.shared.read_first;
+            let snapshot = if read_first.wanted() {
+                self.read(|conn| read_held(conn, req.tenant, &req.key))?
+            } else {
+                None
+            };
+            if let Some((held, result)) = snapshot {
+                let decision = decide(Some(held), req.fingerprint, req.now, req.orphans);
+                if let Some(answer) = decision.answer_without_writing(|| result.unwrap_or_default())
+                {
+                    if let Claim::Completed { result } = &answer {
+                        replays.put(&req, result, held.expires_at);
+                    }
+                    read_first.note(true);
+                    return Ok(answer);
+                }
+            }
+            let op = Op::Claim {
+                tenant: req.tenant.to_owned(),
+                key: req.key,
+                tool: req.tool.to_owned(),
+                fingerprint: req.fingerprint,
+                now: req.now,
+                lease: req.lease,
+                ttl: req.ttl,
+                orphans: req.orphans,
+            };
+            match self.shared.write(op).await? {
+                Reply::Claim(claim) => {
+                    read_first.note(!matches!(claim, Claim::Acquired { .. }));
+                    Ok(claim)
+                }
+                Reply::Replay { result, expires_at } => {
+                    read_first.note(true);
+                    replays.put(&req, &result, expires_at);
+                    Ok(Claim::Completed { result })
+                }
+                _ => Err(unexpected()),
+            }
+        })
+    }
+
+    fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let op = Op::Complete {
+                tenant: c.tenant.to_owned(),
+                key: c.key,
+                token: c.token,
+                status: c.status,
+                result: c.result.to_vec(),
+                expires_at: after(c.now, c.ttl),
+            };
+            self.shared.write_fenced(op).await
+        })
+    }
+
+    fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let op = Op::Renew {
+                tenant: r.tenant.to_owned(),
+                key: r.key,
+                token: r.token,
+                lease_expires_at: after(r.now, r.lease),
+            };
+            self.shared.write_fenced(op).await
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+        token: FencingToken,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            let op = Op::Release {
+                tenant: tenant.to_owned(),
+                key,
+                token,
+            };
+            self.shared.write_fenced(op).await
+        })
+    }
+
+    fn lookup<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: IdempotencyKey,
+    ) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(async move {
+            self.read(|conn| {
+                let sql = format!(
+                    "SELECT {RECORD_COLUMNS} FROM idem_records WHERE tenant = ?1 AND key = ?2"
+                );
+                let mut stmt = conn
+                    .prepare_cached(&sql)
+                    .map_err(|e| sql_error("lookup", e))?;
+                let mut rows = stmt
+                    .query(params![tenant, &key.as_bytes()[..]])
+                    .map_err(|e| sql_error("lookup", e))?;
+                match rows.next().map_err(|e| sql_error("lookup", e))? {
+                    Some(row) => decode_record("lookup", row).map(Some),
+                    None => Ok(None),
+                }
+            })
+        })
+    }
+
+    fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
+        Box::pin(async move {
+            match self.shared.write(Op::Purge { now, limit }).await? {
+                Reply::Purged(n) => Ok(n),
+                _ => Err(unexpected()),
+            }
+        })
+    }
+
+    fn health(&self) -> StoreFuture<'_, StoreHealth> {
+        Box::pin(async move {
+            self.read(|conn| {
+                let version: i64 = conn
+                    .query_row(
+                        "SELECT value FROM idem_meta WHERE name = 'schema_version'",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .map_err(|e| sql_error("reading the schema version", e))?;
+                let sync: i64 = conn
+                    .query_row("PRAGMA synchronous", [], |r| r.get(0))
+                    .map_err(|e| sql_error("reading synchronous", e))?;
+                Ok(StoreHealth {
+                    encrypted: None,
+                    backend: BACKEND,
+                    schema_version: u32::try_from(version).unwrap_or(0),
+                    expected_schema_version: SCHEMA_VERSION,
+                    durable: sync >= 2,
+                    detail: (sync < 2).then(|| {
+                        "synchronous=normal: a claim survives a crash of the process, not a \
+                         power loss"
+                            .to_owned()
+                    }),
+                })
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use idem_core::fingerprint::Fingerprint;
+    use idem_core::store::RecordStatus;
+
+    async fn temp_store() -> SqliteStore {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.keep().join("conformance.db");
+        SqliteStore::open_path(path).expect("open")
+    }
+
+    idem_core::store_conformance_tests!(temp_store());
+    idem_core::admin_conformance_tests!(temp_store());
+
+    /// The same contract with every claim reading a snapshot first, as while replays come:
+    /// the snapshot answers what it may, and leaves the rest to the write path. (A new store
+    /// goes straight to the write path until claims find records.)
+    mod read_first {
+        use super::*;
+
+        async fn store() -> SqliteStore {
+            let mut store = temp_store().await;
+            Arc::get_mut(&mut store.shared)
+                .expect("a store just opened is not shared")
+                .read_first = ReadFirst::always();
+            store
+        }
+        idem_core::store_conformance_tests!(store());
+    }
+
+    #[tokio::test]
+    async fn a_dropped_table_fails_closed_with_a_schema_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dropped.db");
+        let store = SqliteStore::open_path(&path).unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("DROP TABLE idem_records")
+            .unwrap();
+        let key = idem_core::key::derive_key("t", "tool", &[]);
+        let err = store
+            .claim(ClaimRequest {
+                tenant: "t",
+                key,
+                tool: "tool",
+                fingerprint: Fingerprint::from_bytes([0; 32]),
+                now: 1,
+                lease: Duration::from_secs(1),
+                ttl: Duration::from_secs(1),
+                orphans: idem_core::store::Orphans::TakeOver,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Schema, "{err}");
+    }
+
+    /// A store without a replay cache (every replay reads the file), `synchronous=normal` (the
+    /// tests write thousands of records), and another connection to the same file.
+    fn uncached_store(dir: &Path) -> (SqliteStore, Connection) {
+        let path = dir.join("keeper.db");
+        let url = format!("{}?synchronous=normal&replay_cache=0", path.display());
+        let store = SqliteStore::open(SqliteOptions::from_url_rest(&url).unwrap()).unwrap();
+        (store, Connection::open(&path).unwrap())
+    }
+
+    /// A claim of the `n`th key of tenant `t`.
+    pub(super) fn request(n: u32) -> ClaimRequest<'static> {
+        ClaimRequest {
+            tenant: "t",
+            key: idem_core::key::derive_key(
+                "t",
+                "tool",
+                &[idem_core::key::KeyPart::new(&n).unwrap()],
+            ),
+            tool: "tool",
+            fingerprint: Fingerprint::from_bytes([7; 32]),
+            now: 1_000,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3_600),
+            orphans: idem_core::store::Orphans::TakeOver,
+        }
+    }
+
+    /// Claims key `n`, completes it (two commits), and replays it (a read).
+    async fn write_and_replay(store: &SqliteStore, n: u32) {
+        let Claim::Acquired { token, .. } = store.claim(request(n)).await.unwrap() else {
+            panic!("a new key is acquired");
+        };
+        let completion = Completion {
+            tenant: "t",
+            key: request(n).key,
+            token,
+            status: RecordStatus::Completed,
+            result: b"{\"ok\":1}",
+            now: 1_000,
+            ttl: Duration::from_secs(3_600),
+        };
+        assert_eq!(store.complete(completion).await.unwrap(), Fenced::Applied);
+        let replay = store.claim(request(n)).await.unwrap();
+        assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
+    }
+
+    /// A passive checkpoint by `conn`: the WAL's frames, and how many of them are in the file.
+    fn checkpoint(conn: &Connection) -> (i64, i64) {
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((r.get(1)?, r.get(2)?))
+        })
+        .unwrap()
+    }
+
+    /// The keeper never holds back this store's own commits: after a write, a checkpoint copies
+    /// every frame back, and under a mixed load of writes and replays the WAL file stays at
+    /// SQLite's own bound (1,000 pages before a checkpoint) instead of growing with every write.
+    #[tokio::test]
+    async fn the_keeper_holds_back_no_checkpoint_of_the_stores_own_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, other) = uncached_store(dir.path());
+
+        write_and_replay(&store, 0).await;
+        write_and_replay(&store, 1).await;
+        store
+            .claim(request(2))
+            .await
+            .expect("a write after the replay");
+        let (log, copied) = checkpoint(&other);
+        assert_eq!(
+            copied, log,
+            "nothing held back after this store's own write"
+        );
+
+        for n in 3..2_003 {
+            write_and_replay(&store, n).await;
+        }
+        let wal = std::fs::metadata(dir.path().join("keeper.db-wal"))
+            .unwrap()
+            .len();
+        assert!(
+            wal < 8 << 20,
+            "4,000 commits and as many replays leave a WAL of {wal} bytes"
+        );
+        assert!(
+            !store.shared.keeper.stood_aside(),
+            "this store's own commits never make the keeper stand aside"
+        );
+    }
+
+    /// A store that stops reading holds back no other writer: the sweeper ends the pin no
+    /// reader renews, and the other connection's checkpoint then copies every frame back.
+    #[tokio::test]
+    async fn an_idle_store_holds_back_no_other_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, other) = uncached_store(dir.path());
+        other
+            .execute_batch("CREATE TABLE other (v INTEGER); INSERT INTO other VALUES (1)")
+            .unwrap();
+        write_and_replay(&store, 0).await;
+        other.execute("INSERT INTO other VALUES (2)", []).unwrap();
+
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (log, copied) = checkpoint(&other);
+            if copied == log {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "an idle store still holds back {} frames",
+                log - copied
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn health_says_whether_commits_are_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let full = SqliteStore::open_path(dir.path().join("f.db")).unwrap();
+        assert!(full.health().await.unwrap().durable);
+        let normal = SqliteStore::open(
+            SqliteOptions::from_url_rest(&format!(
+                "{}?synchronous=normal",
+                dir.path().join("n.db").display()
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        assert!(!normal.health().await.unwrap().durable);
+    }
+}
