@@ -45,6 +45,27 @@
 //! run. Keys, fingerprints and the `Store` trait are described in [`idem_core`], the call
 //! protocol and the runtime in [`idem_runtime`]; the options of the attribute in
 //! [`idempotent`].
+//!
+//! # The guide
+//!
+//! The manual is the guide, in the repository (`guide/`, an mdBook whose code blocks are
+//! compiled and run by the tests), a chapter per topic:
+//!
+//! | topic | chapter |
+//! |---|---|
+//! | installing, the features, the two commands | [Getting started](https://github.com/idem-rs/idem/blob/main/guide/src/getting-started.md) |
+//! | the decision table, the outcomes, errors, downstream keys | [The contract and the outcomes](https://github.com/idem-rs/idem/blob/main/guide/src/contract.md) |
+//! | every option, keys, fingerprints, the registry | [The attribute](https://github.com/idem-rs/idem/blob/main/guide/src/attribute.md) |
+//! | leases, orphans, `unknown`, what a crash leaves | [Crashes, leases and unknown outcomes](https://github.com/idem-rs/idem/blob/main/guide/src/crashes.md) |
+//! | SQLite, Postgres, Redis, TLS, pools, clusters | [Stores and scaling out](https://github.com/idem-rs/idem/blob/main/guide/src/stores.md) |
+//! | exactly once for writes to your own database | [Transactional tools](https://github.com/idem-rs/idem/blob/main/guide/src/transactional.md) |
+//! | MCP, rig, the retry executor and dead letters | [Agents](https://github.com/idem-rs/idem/blob/main/guide/src/agents.md) |
+//! | the `Idempotency-Key` layer and client | [HTTP](https://github.com/idem-rs/idem/blob/main/guide/src/http.md) |
+//! | the `idem` command, telemetry | [Operating](https://github.com/idem-rs/idem/blob/main/guide/src/operating.md) |
+//! | a failing store, fuzzing, a soak | [Testing your tools](https://github.com/idem-rs/idem/blob/main/guide/src/testing.md) |
+//! | figures against raw stores | [Benchmarks](https://github.com/idem-rs/idem/blob/main/guide/src/benchmarks.md) |
+//! | what it does not do (yet) | [Known limits](https://github.com/idem-rs/idem/blob/main/guide/src/limits.md) |
+//! | the crate graph | [The crates](https://github.com/idem-rs/idem/blob/main/guide/src/architecture.md) |
 
 //!
 //! # Features

@@ -1,6 +1,6 @@
-//! Collects idem's criterion results into `docs/benchmarks.md` (tables: each path next to its
+//! Collects idem's criterion results into `guide/src/benchmarks/results.md` (tables: each path next to its
 //! raw-store baseline from the same run, concurrency 1/8/64, the HTTP layer) and
-//! `docs/benchmarks.svg` (calls/s against concurrent callers, per backend).
+//! `guide/src/benchmarks/chart.svg` (calls/s against concurrent callers, per backend).
 //!
 //! ```text
 //! cargo run -p bench-report -- --run     # runs `cargo bench` for sqlite, shared, http, then writes
@@ -310,7 +310,7 @@ fn markdown(results: &Results) -> String {
             ratio(speedup(at(8), at(1)), speedup(raw(8), raw(1))),
         ));
     }
-    out.push_str("\n![calls/s against concurrent callers](benchmarks.svg)\n");
+    out.push_str("\n![calls/s against concurrent callers](chart.svg)\n");
     let plain = results.median("http", "plain");
     if plain.is_some() {
         out.push_str("\n## The HTTP layer\n\n");
@@ -503,18 +503,17 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(1);
     }
-    let docs = root.join("docs");
+    let docs = root.join("guide").join("src").join("benchmarks");
     if let Err(e) = std::fs::create_dir_all(&docs)
         .map_err(|e| e.to_string())
         .and_then(|()| {
-            std::fs::write(docs.join("benchmarks.md"), markdown(&results))
-                .map_err(|e| e.to_string())
+            std::fs::write(docs.join("results.md"), markdown(&results)).map_err(|e| e.to_string())
         })
-        .and_then(|()| chart(&results, &docs.join("benchmarks.svg")).map_err(|e| e.to_string()))
+        .and_then(|()| chart(&results, &docs.join("chart.svg")).map_err(|e| e.to_string()))
     {
         eprintln!("bench-report: {e}");
         return ExitCode::from(1);
     }
-    println!("wrote docs/benchmarks.md and docs/benchmarks.svg");
+    println!("wrote guide/src/benchmarks/results.md and chart.svg");
     ExitCode::SUCCESS
 }
