@@ -60,6 +60,7 @@
 //! | SQLite, Postgres, Redis, TLS, pools, clusters | [Stores and scaling out](https://github.com/idem-rs/idem/blob/main/guide/src/stores.md) |
 //! | exactly once for writes to your own database | [Transactional tools](https://github.com/idem-rs/idem/blob/main/guide/src/transactional.md) |
 //! | MCP, rig, the retry executor and dead letters | [Agents](https://github.com/idem-rs/idem/blob/main/guide/src/agents.md) |
+//! | durable engines: keys from the run, resume windows | [Durable runs](https://github.com/idem-rs/idem/blob/main/guide/src/durable-runs.md) |
 //! | the `Idempotency-Key` layer and client | [HTTP](https://github.com/idem-rs/idem/blob/main/guide/src/http.md) |
 //! | the `idem` command, telemetry | [Operating](https://github.com/idem-rs/idem/blob/main/guide/src/operating.md) |
 //! | a failing store, fuzzing, a soak | [Testing your tools](https://github.com/idem-rs/idem/blob/main/guide/src/testing.md) |
@@ -177,6 +178,31 @@ pub mod __private {
 /// may be a field path into a parameter (`key = "req.run_id"`) or into `self`
 /// (`key = "self.account_id, ticket_ref"`), so tools whose arguments are one struct work.
 /// String parts must be 1 to 255 visible ASCII characters, checked before the store is touched.
+///
+/// `run_id` and `step_id` without a parameter of that name come from the durable run the tool
+/// is called in ([`run`]): an engine integration opens the run's step, and the tool writes no
+/// key plumbing. Outside a step such a tool answers [`Error::NoRun`]; a parameter of that name
+/// wins. `step_id` alone is refused (step ids repeat from run to run):
+///
+/// ```
+/// # use idem::idempotent;
+/// #[idempotent(key = "run_id, step_id", mutating, name = "payments.charge")]
+/// async fn charge(customer: String, amount_cents: u64) -> Result<u64, std::fmt::Error> {
+///     Ok(amount_cents)
+/// }
+///
+/// # async fn f(idem: idem::Idem) -> Result<(), Box<dyn std::error::Error>> {
+/// let run = idem::run::Run::new("order-1042")?;
+/// let step = run.step("charge", charge("cus_1".into(), 500))?;
+/// idem.scope("tenant-a").run(step).await?;
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// #[idempotent(key = "step_id", mutating)] // error: key on the run too
+/// async fn charge(amount_cents: u64) -> Result<u64, String> { Ok(amount_cents) }
+/// ```
 ///
 /// Parts that change between attempts or look like personal data are refused at compile time:
 ///

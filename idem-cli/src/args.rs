@@ -28,7 +28,12 @@ pub(crate) struct Cli {
 #[derive(Subcommand)]
 pub(crate) enum Command {
     /// Check that the store answers, its schema, its durability and its clock.
-    Doctor,
+    Doctor {
+        /// A JSON tool report (`IDEM_REPORT=tools.json`): show each keyed tool's TTL beside
+        /// the resume window of durable runs, a shorter one being a problem.
+        #[arg(long, value_name = "REPORT.json")]
+        tools: Option<std::path::PathBuf>,
+    },
     /// Create or upgrade the schema (opening the store does it; this says what it found).
     Migrate,
     /// Count records by tenant, tool and status; oldest in flight, orphans, expired.

@@ -12,7 +12,12 @@ use crate::args::Filter;
 use crate::shared::*;
 use crate::table::{Align, Table, printable};
 
-pub(crate) async fn doctor(store: &dyn AdminStore, json: bool) -> Result<ExitCode, Failure> {
+pub(crate) async fn doctor(
+    store: &dyn AdminStore,
+    tools: Option<&std::path::Path>,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    let windows = tools.map(crate::windows::read).transpose()?;
     let health = store.health().await?;
     let skew = store
         .server_time()
@@ -42,10 +47,14 @@ pub(crate) async fn doctor(store: &dyn AdminStore, json: bool) -> Result<ExitCod
             skew.unwrap_or(0)
         ));
     }
+    if let Some(windows) = &windows {
+        problems.extend(windows.problems.iter().cloned());
+    }
     if json {
         println!(
             "{}",
             json!({
+                "runs": windows.as_ref().map(|w| &w.json),
                 "backend": health.backend,
                 "reachable": true,
                 "schema_version": health.schema_version,
@@ -84,6 +93,9 @@ pub(crate) async fn doctor(store: &dyn AdminStore, json: bool) -> Result<ExitCod
                 if skew_ok { "" } else { "  ✗" }
             ),
             None => println!("clock        the caller's (embedded store)"),
+        }
+        for line in windows.iter().flat_map(|w| &w.lines) {
+            println!("{line}");
         }
         for p in &problems {
             println!("problem: {p}");

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! idem --store sqlite://idem.db doctor
+//! idem doctor --tools tools.json
 //! idem stats
 //! idem list --status unknown --older-than 1h
 //! idem show --tenant tenant-a 3f2a9c01d4e5
@@ -21,6 +22,7 @@ mod inspect;
 mod repair;
 mod shared;
 mod table;
+mod windows;
 
 use std::process::ExitCode;
 
@@ -66,7 +68,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let store = admin::open(url).await?;
     let json = cli.json;
     match cli.command {
-        Command::Doctor => doctor(&*store, json).await,
+        Command::Doctor { tools } => doctor(&*store, tools.as_deref(), json).await,
         Command::Migrate => migrate(&*store, json).await,
         Command::Stats { tenant } => stats(&store, tenant.as_deref(), json).await,
         Command::List { filter, limit } => list(&store, &filter, limit, json).await,

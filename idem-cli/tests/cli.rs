@@ -485,3 +485,62 @@ async fn tables_align_wide_text_and_escape_control_characters() {
         assert!(starts.windows(2).all(|w| w[0] == w[1]), "{args:?}:\n{out}");
     }
 }
+
+#[idem::idempotent(key = "run_id, step_id", mutating, name = "cli.runs.day", ttl = "1d")]
+async fn daily(amount_cents: u64) -> Result<u64, std::fmt::Error> {
+    Ok(amount_cents)
+}
+
+#[idem::idempotent(key = "run_id, step_id", mutating, name = "cli.runs.week", ttl = "8d")]
+async fn weekly(amount_cents: u64) -> Result<u64, std::fmt::Error> {
+    Ok(amount_cents)
+}
+
+/// `doctor --tools` reads the JSON report a runtime wrote, and shows each keyed tool's TTL
+/// beside the resume window: a shorter one is a problem (exit 1), unless accepted.
+#[test]
+fn doctor_shows_each_ttl_beside_the_resume_window() {
+    let _ = (daily, weekly);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let report = dir.path().join("tools.json");
+    let week = Duration::from_secs(7 * 24 * 3600);
+    let runtime = |accept: bool| {
+        let builder = idem::Idem::builder().resume_window(week);
+        let builder = if accept {
+            builder.accept_short_ttl("cli.runs.day")
+        } else {
+            builder
+        };
+        builder.build(idem::store::memory::MemoryStore::new())
+    };
+    runtime(false).report().write(&report).unwrap();
+    let path = report.to_str().unwrap();
+    let text = ok(&url, &["doctor", "--tools", path], 1);
+    for words in [
+        "resume for up to 7d: keys must live 8d",
+        "cli.runs.week",
+        "problem: tool `cli.runs.day`: TTL 1d is shorter than 8d",
+        "declare `ttl = \"8d\"` on it",
+    ] {
+        assert!(text.contains(words), "{words}: {text}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&url, &["doctor", "--tools", path, "--json"], 1)).unwrap();
+    assert_eq!(json["runs"]["resume_window"], "7d", "{json}");
+    let tools = json["runs"]["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 2, "{json}");
+    assert_eq!(tools[0]["tool"], "cli.runs.day");
+    assert_eq!(tools[0]["enough"], false);
+    assert_eq!(tools[1]["enough"], true);
+
+    runtime(true).report().write(&report).unwrap();
+    let text = ok(&url, &["doctor", "--tools", path], 0);
+    assert!(text.contains("✗ accepted (accept_short_ttl)"), "{text}");
+
+    std::fs::write(&report, "not json").unwrap();
+    let out = idem(&url, &["doctor", "--tools", path]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is not a JSON tool report"), "{stderr}");
+}

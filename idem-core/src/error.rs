@@ -97,6 +97,14 @@ pub enum Error<E> {
         /// The key part that was `None`.
         part: &'static str,
     },
+    /// The tool takes a key part (`run_id`, `step_id`) from the durable run it is called in,
+    /// and was called outside a run's step.
+    NoRun {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// The key part the run would have given.
+        part: &'static str,
+    },
     /// The tenant of the scope is empty, longer than 255 bytes, or holds a NUL character.
     InvalidTenant {
         /// The tool's stable name.
@@ -245,6 +253,7 @@ impl<E> Error<E> {
             Error::Store(e) => Error::Store(e),
             Error::InvalidKey { tool, part, reason } => Error::InvalidKey { tool, part, reason },
             Error::MissingKey { tool, part } => Error::MissingKey { tool, part },
+            Error::NoRun { tool, part } => Error::NoRun { tool, part },
             Error::InvalidTenant { tool } => Error::InvalidTenant { tool },
             Error::Unfingerprintable { tool, source } => Error::Unfingerprintable { tool, source },
             Error::NoRuntime { tool } => Error::NoRuntime { tool },
@@ -304,6 +313,12 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::MissingKey { tool, part } => write!(
                 f,
                 "tool `{tool}` requires an idempotency key, but `{part}` is None"
+            ),
+            Error::NoRun { tool, part } => write!(
+                f,
+                "tool `{tool}` takes its key part `{part}` from the durable run it is called in, \
+                 and was called outside a run's step; call it inside `Run::step` (or an engine \
+                 integration's step), or give the tool a `{part}` parameter"
             ),
             Error::InvalidTenant { tool } => {
                 write!(
@@ -383,6 +398,7 @@ impl<E: StdError + 'static> StdError for Error<E> {
             }
             Error::CheckFailed { error, .. } => error.source(),
             Error::MissingKey { .. }
+            | Error::NoRun { .. }
             | Error::InvalidTenant { .. }
             | Error::NoRuntime { .. }
             | Error::LeaseLost { .. }

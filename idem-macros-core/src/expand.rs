@@ -52,6 +52,15 @@ fn registration(checked: &Checked) -> TokenStream {
             let parts = keyed.parts.iter().map(|p| p.path.dotted());
             let required = keyed.required;
             info.extend(quote!(.key(&[#(#parts),*], #required)));
+            let from_run: Vec<String> = keyed
+                .parts
+                .iter()
+                .filter(|p| p.from_run)
+                .map(|p| p.path.dotted())
+                .collect();
+            if !from_run.is_empty() {
+                info.extend(quote!(.run_parts(&[#(#from_run),*])));
+            }
             if let Some(ms) = keyed.ttl_ms {
                 info.extend(quote!(.ttl_ms(#ms)));
             }
@@ -122,6 +131,14 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     let parts = keyed.parts.iter().map(|part| {
         let name = part.path.dotted();
         let expr = path_expr(&part.path, part.span);
+        if part.from_run {
+            // The durable run gives it: no parameter has the name.
+            let part_fn = format_ident!("{}_part", name);
+            let tool_arg = (name == "step_id").then(|| quote!(&__IDEM_TOOL));
+            return quote_spanned! {part.span=>
+                .run_part(#name, ::idem::__private::#part_fn(#tool_arg))
+            };
+        }
         let from_context = tool
             .param(part.path.root())
             .is_some_and(|p| p.source() == crate::ast::Source::ToolContext);

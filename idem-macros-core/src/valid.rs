@@ -12,7 +12,13 @@ use crate::ast::Tool;
 pub struct KeyPartPlan {
     pub path: FieldPath,
     pub span: Span,
+    /// The part is `run_id` or `step_id` and no parameter has that name: the durable run the
+    /// tool is called in gives it.
+    pub from_run: bool,
 }
+
+/// The key parts a durable run can give, to a tool without a parameter of that name.
+const RUN_PARTS: [&str; 2] = ["run_id", "step_id"];
 
 pub struct Keyed {
     pub parts: Vec<KeyPartPlan>,
@@ -185,6 +191,13 @@ fn check_key(
                 );
                 continue;
             }
+        } else if param.is_none() && path.segments.len() == 1 && RUN_PARTS.contains(&root) {
+            plans.push(KeyPartPlan {
+                path: path.clone(),
+                span,
+                from_run: true,
+            });
+            continue;
         } else if param.is_none() {
             errors.push(
                 span,
@@ -250,8 +263,25 @@ fn check_key(
             plans.push(KeyPartPlan {
                 path: path.clone(),
                 span,
+                from_run: false,
             });
         }
+    }
+    let named = |name: &str| {
+        paths
+            .iter()
+            .any(|p| p.segments.len() == 1 && p.root() == name)
+    };
+    if plans
+        .iter()
+        .any(|p| p.from_run && p.path.root() == "step_id")
+        && !named("run_id")
+    {
+        errors.push(
+            lit.span(),
+            "key part `step_id` comes from the durable run (no parameter has that name), and \
+             step ids repeat from run to run: key on the run too, `key = \"run_id, step_id\"`",
+        );
     }
     plans
 }

@@ -77,6 +77,18 @@ pub trait ContextKeyPart {
     fn idem_key_part(&self) -> Result<Option<KeyPart>, InvalidKey>;
 }
 
+/// The `run_id` part of a tool that takes it from the durable run it is called in
+/// ([`crate::run`]): `None` outside a run's step.
+pub fn run_id_part() -> Option<Result<KeyPart, InvalidKey>> {
+    crate::run::run_id_part()
+}
+
+/// The `step_id` part of a call of `tool` that takes it from the durable run: the step's id,
+/// numbered for the later calls of the tool in the step; `None` outside a run's step.
+pub fn step_id_part(tool: &'static ToolInfo) -> Option<Result<KeyPart, InvalidKey>> {
+    crate::run::step_id_part(tool.name)
+}
+
 /// Finishes the fingerprint of a keyed call's arguments under the running scope's limit
 /// ([`Idem::max_argument_bytes`](crate::Idem::max_argument_bytes); outside a scope
 /// [`DEFAULT_MAX_ARGUMENT_BYTES`](crate::DEFAULT_MAX_ARGUMENT_BYTES)).

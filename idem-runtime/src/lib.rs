@@ -21,6 +21,7 @@ mod metric_keys;
 pub mod protocol;
 pub mod registry;
 pub mod retry;
+pub mod run;
 mod runtime;
 mod store_handle;
 pub mod telemetry;

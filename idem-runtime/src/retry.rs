@@ -191,9 +191,12 @@ where
 {
     let started = Instant::now();
     let mut attempt = 0;
+    // Each attempt is the same call: inside a durable run's step, it keeps its step id.
+    let mark = crate::run::Mark::now();
     crate::current::recording_calls(async move {
         loop {
             attempt += 1;
+            mark.rewind();
             let answer = call().await;
             let (reason, hint, last) = match answer {
                 Ok(Outcome::InFlight(ref i)) => (

@@ -43,6 +43,8 @@ struct Inner {
     ttl: Duration,
     lease: Duration,
     retry_window: Duration,
+    resume_window: Option<Duration>,
+    accepted_short_ttls: Vec<String>,
     max_result_bytes: usize,
     max_argument_bytes: usize,
     renew_leases: bool,
@@ -72,6 +74,8 @@ impl Idem {
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             retry_window: None,
+            resume_window: None,
+            accepted_short_ttls: Vec::new(),
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             max_argument_bytes: DEFAULT_MAX_ARGUMENT_BYTES,
             renew_leases: true,
@@ -138,6 +142,30 @@ impl Idem {
         self.inner.retry_window
     }
 
+    /// How long a durable run may be resumed after it started, when declared
+    /// ([`IdemBuilder::resume_window`]).
+    pub fn resume_window(&self) -> Option<Duration> {
+        self.inner.resume_window
+    }
+
+    /// The key lifetime every keyed tool needs: the resume window plus the retry window, when a
+    /// resume window is declared.
+    pub fn needed_ttl(&self) -> Option<Duration> {
+        self.inner
+            .resume_window
+            .map(|resume| resume.saturating_add(self.inner.retry_window))
+    }
+
+    /// The tools [`IdemBuilder::accept_short_ttl`] named.
+    pub(crate) fn accepted_short_ttls(&self) -> &[String] {
+        &self.inner.accepted_short_ttls
+    }
+
+    /// Whether [`IdemBuilder::accept_short_ttl`] named `tool`.
+    pub fn accepts_short_ttl(&self, tool: &str) -> bool {
+        self.inner.accepted_short_ttls.iter().any(|t| t == tool)
+    }
+
     /// Whether running bodies renew their lease ([`IdemBuilder::renew_leases`]).
     pub fn renews_leases(&self) -> bool {
         self.inner.renew_leases
@@ -199,6 +227,8 @@ pub struct IdemBuilder {
     ttl: Duration,
     lease: Duration,
     retry_window: Option<Duration>,
+    resume_window: Option<Duration>,
+    accepted_short_ttls: Vec<String>,
     max_result_bytes: usize,
     max_argument_bytes: usize,
     renew_leases: bool,
@@ -218,10 +248,31 @@ impl IdemBuilder {
         self
     }
 
-    /// How long your agents may retry a call (defaults to the TTL). The audit warns about every
-    /// tool whose TTL is shorter: a retry after its TTL would run the body again.
+    /// How long your agents may retry a call (defaults to the default TTL, at most 24 h). The
+    /// audit warns about every tool whose TTL is shorter: a retry after its TTL would run the
+    /// body again.
     pub fn retry_window(mut self, window: Duration) -> Self {
         self.retry_window = Some(window);
+        self
+    }
+
+    /// How long a durable run may be resumed after it started (none unless set): a workflow
+    /// that can sleep for a week and then go on declares 7 days. Its steps' calls are then
+    /// retried up to the resume window plus the retry window after they were first made, so
+    /// the startup [`audit`](crate::audit) refuses every keyed tool whose TTL is shorter than
+    /// that (a resumed step would find its key purged and run the body again), naming the tool,
+    /// its TTL and the window.
+    pub fn resume_window(mut self, window: Duration) -> Self {
+        self.resume_window = Some(window);
+        self
+    }
+
+    /// Accepts that the keys of `tool` (its stable name) may expire before a run that calls it
+    /// is resumed: the audit then warns instead of refusing, and each audit logs the accepted
+    /// risk (`tracing`, level WARN). For a tool whose effect is harmless to repeat after the
+    /// window, or checked by its own `check`.
+    pub fn accept_short_ttl(mut self, tool: impl Into<String>) -> Self {
+        self.accepted_short_ttls.push(tool.into());
         self
     }
 
@@ -274,7 +325,9 @@ impl IdemBuilder {
                 admin,
                 ttl: self.ttl,
                 lease: self.lease,
-                retry_window: self.retry_window.unwrap_or(self.ttl),
+                retry_window: self.retry_window.unwrap_or(self.ttl.min(DEFAULT_TTL)),
+                resume_window: self.resume_window,
+                accepted_short_ttls: self.accepted_short_ttls,
                 max_result_bytes: self.max_result_bytes,
                 max_argument_bytes: self.max_argument_bytes,
                 renew_leases: self.renew_leases,

@@ -24,6 +24,7 @@ doctests! {
     GuideStores => "../../guide/src/stores.md",
     GuideTransactional => "../../guide/src/transactional.md",
     GuideAgents => "../../guide/src/agents.md",
+    GuideDurableRuns => "../../guide/src/durable-runs.md",
     GuideHttp => "../../guide/src/http.md",
     GuideOperating => "../../guide/src/operating.md",
     GuideTesting => "../../guide/src/testing.md",

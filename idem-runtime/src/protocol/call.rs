@@ -25,6 +25,8 @@ pub struct KeyParts {
     parts: EncodedParts,
     missing: Option<&'static str>,
     invalid: Option<(&'static str, InvalidKey)>,
+    /// A part the run would give, asked for outside a run's step.
+    no_run: Option<&'static str>,
 }
 
 impl KeyParts {
@@ -34,6 +36,7 @@ impl KeyParts {
             parts: EncodedParts::new(),
             missing: None,
             invalid: None,
+            no_run: None,
         }
     }
 
@@ -49,6 +52,21 @@ impl KeyParts {
             }
         }
         self
+    }
+
+    /// Adds the part named `name` that the durable run gives (`None` outside a run's step).
+    pub fn run_part(
+        mut self,
+        name: &'static str,
+        part: Option<Result<KeyPart, InvalidKey>>,
+    ) -> Self {
+        match part {
+            Some(part) => self.part(name, part.map(Some)),
+            None => {
+                self.no_run.get_or_insert(name);
+                self
+            }
+        }
     }
 }
 
@@ -123,6 +141,9 @@ pub(crate) fn prepare<E>(
             part,
             reason,
         });
+    }
+    if let Some(part) = key.no_run {
+        return Err(Error::NoRun { tool: name, part });
     }
     if let Some(part) = key.missing {
         if tool.key_required {

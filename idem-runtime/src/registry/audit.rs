@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -73,6 +74,8 @@ impl fmt::Display for Audit {
 /// Checks the registered tools against `idem` at startup.
 ///
 /// Errors: two tools sharing a name (their keys would collide), a TTL shorter than the lease,
+/// a TTL shorter than the resume window of durable runs plus the retry window (unless accepted,
+/// then a warning: [`IdemBuilder::accept_short_ttl`](crate::IdemBuilder::accept_short_ttl)),
 /// a transactional tool on a store other than Postgres, an unreachable store or a schema other than this build's. Warnings: a TTL shorter than the
 /// retry window, a keyed tool without a stable `name`, a store that does not survive restarts.
 ///
@@ -130,6 +133,8 @@ pub async fn audit_tools(idem: &Idem, tools: &[&'static ToolInfo]) -> Audit {
                     format_duration(lease)
                 ),
             });
+        } else if let Some(needed) = idem.needed_ttl().filter(|needed| ttl < *needed) {
+            findings.push(resume_finding(idem, tool, ttl, needed));
         } else if ttl < idem.retry_window() {
             findings.push(Finding {
                 severity: Severity::Warning,
@@ -167,6 +172,18 @@ pub async fn audit_tools(idem: &Idem, tools: &[&'static ToolInfo]) -> Audit {
             });
         }
     }
+    for accepted in idem.accepted_short_ttls() {
+        if !tools.iter().any(|t| t.name == accepted.as_str()) {
+            findings.push(Finding {
+                severity: Severity::Warning,
+                tool: None,
+                message: format!(
+                    "`accept_short_ttl(\"{accepted}\")` names no registered tool; check the \
+                     tool's stable name"
+                ),
+            });
+        }
+    }
     match idem.health().await {
         Ok(h) if h.schema_version != h.expected_schema_version => findings.push(Finding {
             severity: Severity::Error,
@@ -195,6 +212,49 @@ pub async fn audit_tools(idem: &Idem, tools: &[&'static ToolInfo]) -> Audit {
     }
     findings.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.tool.cmp(&b.tool)));
     Audit { findings }
+}
+
+/// The finding of a keyed tool whose TTL is shorter than the runtime's resume window plus its
+/// retry window: an error, or a warning (logged) when the runtime accepts the risk for it.
+fn resume_finding(idem: &Idem, tool: &ToolInfo, ttl: Duration, needed: Duration) -> Finding {
+    let resume = idem.resume_window().unwrap_or_default();
+    let window = format!(
+        "the resume window {} + the retry window {}",
+        format_duration(resume),
+        format_duration(idem.retry_window())
+    );
+    if idem.accepts_short_ttl(tool.name) {
+        tracing::warn!(
+            tool = tool.name,
+            ttl = %format_duration(ttl),
+            needed = %format_duration(needed),
+            "idem: accepted risk: the tool's keys may expire before its durable runs are resumed"
+        );
+        return Finding {
+            severity: Severity::Warning,
+            tool: Some(tool.name),
+            message: format!(
+                "TTL {} is shorter than {window}, accepted (`accept_short_ttl`): a run resumed \
+                 after {} runs its body again",
+                format_duration(ttl),
+                format_duration(ttl)
+            ),
+        };
+    }
+    Finding {
+        severity: Severity::Error,
+        tool: Some(tool.name),
+        message: format!(
+            "TTL {} is shorter than {window}: a durable run resumed after {} would find the key \
+             purged and run the body again. Declare `ttl = \"{}\"` (or more) on the tool, \
+             shorten the resume window, or accept the risk with \
+             `Idem::builder().accept_short_ttl(\"{}\")`",
+            format_duration(ttl),
+            format_duration(ttl),
+            format_duration(needed),
+            tool.name
+        ),
+    }
 }
 
 #[cfg(test)]

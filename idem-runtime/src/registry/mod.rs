@@ -17,7 +17,7 @@ mod tool;
 
 pub use audit::{Audit, Finding, Severity, audit, audit_tools};
 pub(crate) use report::write_report_from_env;
-pub use report::{REPORT_ENV, Report, report};
+pub use report::{REPORT_ENV, Report, ResumeCheck, report};
 pub use tool::{
     DEFAULT_WAIT, ErrorPolicy, Form, OrphanPolicy, Registration, ToolInfo, format_duration, tools,
 };

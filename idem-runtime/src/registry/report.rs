@@ -16,8 +16,42 @@ pub struct Report {
     /// Default lease applied to tools that declare none.
     #[serde(serialize_with = "ser_duration")]
     pub default_lease: Duration,
+    /// How long durable runs may be resumed, when the runtime declares it; with
+    /// [`Report::needed_ttl`], every keyed tool's TTL is set beside it.
+    #[serde(serialize_with = "ser_opt_duration")]
+    pub resume_window: Option<Duration>,
+    /// The key lifetime keyed tools need: the resume window plus the retry window.
+    #[serde(serialize_with = "ser_opt_duration")]
+    pub needed_ttl: Option<Duration>,
+    /// Each keyed tool's TTL beside the resume window, when there is one (sorted as the tools).
+    pub resume_checks: Vec<ResumeCheck>,
     /// The tools, sorted by name.
     pub tools: Vec<&'static ToolInfo>,
+}
+
+/// A keyed tool's TTL beside the resume window of durable runs: what `idem doctor --tools`
+/// shows from a JSON report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResumeCheck {
+    /// The tool's stable name.
+    pub tool: &'static str,
+    /// The TTL in force (declared, else the default).
+    #[serde(serialize_with = "ser_duration")]
+    pub ttl: Duration,
+    /// The key lifetime the runs need: the resume window plus the retry window.
+    #[serde(serialize_with = "ser_duration")]
+    pub needed: Duration,
+    /// Whether the TTL is at least that.
+    pub enough: bool,
+    /// Whether the runtime accepts a shorter TTL for this tool (`accept_short_ttl`).
+    pub accepted: bool,
+}
+
+fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_str(&format_duration(*d)),
+        None => s.serialize_none(),
+    }
 }
 
 fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -80,8 +114,40 @@ impl Report {
         Report {
             default_ttl,
             default_lease,
+            resume_window: None,
+            needed_ttl: None,
+            resume_checks: Vec::new(),
             tools,
         }
+    }
+
+    /// The report with a resume window of durable runs, and the key lifetime it makes every
+    /// keyed tool need (the window plus the retry window); `accepted` names the tools whose
+    /// shorter TTL the runtime accepts.
+    pub fn with_resume_window(
+        mut self,
+        resume_window: Duration,
+        needed_ttl: Duration,
+        accepted: &[String],
+    ) -> Self {
+        self.resume_window = Some(resume_window);
+        self.needed_ttl = Some(needed_ttl);
+        self.resume_checks = self
+            .tools
+            .iter()
+            .filter(|t| t.form == Form::Keyed)
+            .map(|t| {
+                let ttl = t.ttl.unwrap_or(self.default_ttl);
+                ResumeCheck {
+                    tool: t.name,
+                    ttl,
+                    needed: needed_ttl,
+                    enough: ttl >= needed_ttl,
+                    accepted: accepted.iter().any(|a| a == t.name),
+                }
+            })
+            .collect();
+        self
     }
 
     /// The report as pretty JSON (stable: tools sorted, fields in a fixed order).
@@ -98,6 +164,14 @@ impl Report {
             format_duration(self.default_ttl),
             format_duration(self.default_lease)
         ));
+        if let (Some(resume), Some(needed)) = (self.resume_window, self.needed_ttl) {
+            out.push_str(&format!(
+                "Durable runs resume for up to {}: every keyed tool's TTL must be at least {} \
+                 (the resume window plus the retry window); a shorter one is marked ✗.\n\n",
+                format_duration(resume),
+                format_duration(needed)
+            ));
+        }
         out.push_str(
             "| tool | form | key | TTL | lease | on error | on orphan | fingerprint skips | defined at |\n",
         );
@@ -121,7 +195,13 @@ impl Report {
                 let parts = t
                     .key_parts
                     .iter()
-                    .map(|p| format!("`{p}`"))
+                    .map(|p| {
+                        if t.run_parts.contains(p) {
+                            format!("`{p}` (from the run)")
+                        } else {
+                            format!("`{p}`")
+                        }
+                    })
                     .collect::<Vec<_>>()
                     .join(", ");
                 if t.key_required {
@@ -134,16 +214,22 @@ impl Report {
                 Some(d) => format_duration(d),
                 None => format!("{} (default)", format_duration(default)),
             };
+            // Beside the window, when runs resume: the TTL in force, and whether it is enough.
+            let ttl = |t: &ToolInfo| {
+                let declared = dur(t.ttl, self.default_ttl);
+                match self.needed_ttl {
+                    Some(needed) if t.ttl.unwrap_or(self.default_ttl) < needed => {
+                        format!("{declared} ✗ (runs need {})", format_duration(needed))
+                    }
+                    Some(_) => format!("{declared} ✓"),
+                    None => declared,
+                }
+            };
             let (ttl, lease, on_error, on_orphan) = match t.form {
                 // Its claim commits with its writes: no lease, no orphan.
-                Form::Keyed if t.transactional => (
-                    dur(t.ttl, self.default_ttl),
-                    "—".into(),
-                    t.on_error.as_str(),
-                    "—",
-                ),
+                Form::Keyed if t.transactional => (ttl(t), "—".into(), t.on_error.as_str(), "—"),
                 Form::Keyed => (
-                    dur(t.ttl, self.default_ttl),
+                    ttl(t),
                     dur(t.lease, self.default_lease),
                     t.on_error.as_str(),
                     match t.check {
@@ -179,7 +265,13 @@ impl Report {
 impl Idem {
     /// The tool report with this runtime's defaults.
     pub fn report(&self) -> Report {
-        Report::new(tools(), self.default_ttl(), self.default_lease())
+        let report = Report::new(tools(), self.default_ttl(), self.default_lease());
+        match (self.resume_window(), self.needed_ttl()) {
+            (Some(resume), Some(needed)) => {
+                report.with_resume_window(resume, needed, self.accepted_short_ttls())
+            }
+            _ => report,
+        }
     }
 }
 

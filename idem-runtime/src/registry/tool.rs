@@ -98,6 +98,9 @@ pub struct ToolInfo {
     pub key_parts: &'static [&'static str],
     /// Whether a `None` key part is an error (`required`) rather than an unprotected call.
     pub key_required: bool,
+    /// The key parts the durable run gives (`run_id`, `step_id` without parameters of those
+    /// names: see [`crate::run`]).
+    pub run_parts: &'static [&'static str],
     /// Declared TTL, if any (else the runtime's default).
     #[serde(serialize_with = "ser_opt_duration")]
     pub ttl: Option<Duration>,
@@ -154,6 +157,7 @@ impl ToolInfo {
             form: Form::Keyed,
             key_parts: &[],
             key_required: false,
+            run_parts: &[],
             ttl: None,
             lease: None,
             skip: &[],
@@ -194,6 +198,12 @@ impl ToolInfo {
     pub const fn key(mut self, parts: &'static [&'static str], required: bool) -> Self {
         self.key_parts = parts;
         self.key_required = required;
+        self
+    }
+
+    /// The key parts the durable run gives.
+    pub const fn run_parts(mut self, parts: &'static [&'static str]) -> Self {
+        self.run_parts = parts;
         self
     }
 
