@@ -134,6 +134,13 @@ pub mod rig {
     pub use idem_rig::*;
 }
 
+/// Restate handlers (feature `restate`): the `idem-restate` crate, [`idem_restate`].
+#[cfg(feature = "restate")]
+pub mod restate {
+    #[doc(inline)]
+    pub use idem_restate::*;
+}
+
 /// What the `#[idempotent]` macro expands to calls: the runtime's, and the rig integration's
 /// key part of a tool context. Not a public API.
 #[doc(hidden)]

@@ -110,14 +110,20 @@ impl Run {
         step_id: impl Into<String>,
         body: F,
     ) -> Result<TaskLocalFuture<Step, F>, InvalidKey> {
+        Ok(self.open_step(step_id)?.enter(body))
+    }
+
+    /// The step `step_id` of this run, to enter later ([`Step::enter`]): for an integration
+    /// that checks the id before the engine runs the step. Each `open_step` counts the calls of
+    /// its step from the start.
+    pub fn open_step(&self, step_id: impl Into<String>) -> Result<Step, InvalidKey> {
         let step_id = step_id.into();
         validate_key_string(&step_id)?;
-        let step = Step {
+        Ok(Step {
             run: self.clone(),
             id: step_id.into(),
             calls: Arc::new(Mutex::new(Vec::new())),
-        };
-        Ok(STEP.scope(step, body))
+        })
     }
 }
 
