@@ -159,3 +159,72 @@ pub fn answer<T, E: Display>(result: Result<Outcome<T>, Error<E>>) -> HandlerRes
         Err(e) => terminal(e.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as StdError;
+    use std::time::Duration;
+
+    use idem_core::key::{KeyPart, derive_key};
+    use idem_core::{InFlight, Mismatch, Unknown};
+    use idem_core::{StoreError, StoreErrorKind};
+
+    use super::*;
+
+    /// `Ok(value)`, or whether the error is terminal, with its message.
+    fn verdict(result: HandlerResult<u32>) -> Result<u32, (bool, String)> {
+        result.map_err(|e| {
+            let inner: &dyn StdError = e.as_ref();
+            let text = inner.to_string();
+            (text.starts_with("Terminal error"), text)
+        })
+    }
+
+    #[test]
+    fn answers_are_journaled_retried_or_terminal_as_a_retry_can_change_them() {
+        let key = derive_key("t", "charge", &[KeyPart::new("run-1").unwrap()]).short_hash();
+        let ok = |o: Outcome<u32>| verdict(answer::<u32, String>(Ok(o)));
+        let err = |e: Error<String>| verdict(answer::<u32, String>(Err(e)));
+        assert_eq!(ok(Outcome::Fresh(1)), Ok(1));
+        assert_eq!(ok(Outcome::Replayed(2)), Ok(2));
+        assert_eq!(ok(Outcome::Unprotected(3)), Ok(3));
+
+        let retried = |v: Result<u32, (bool, String)>| matches!(v, Err((false, _)));
+        let terminal = |v: Result<u32, (bool, String)>| matches!(v, Err((true, _)));
+        let in_flight = InFlight::new("charge", key, Duration::from_secs(1));
+        assert!(retried(ok(Outcome::InFlight(in_flight))));
+        assert!(retried(ok(Outcome::Unknown(Unknown::new("charge", key)))));
+        assert!(terminal(ok(Outcome::Mismatch(Mismatch::new(
+            "charge", key
+        )))));
+
+        let tool = |class| Error::Tool {
+            error: "declined".to_owned(),
+            replayed: false,
+            class,
+        };
+        assert!(terminal(err(tool(ErrorClass::Store))));
+        assert!(retried(err(tool(ErrorClass::Release))));
+        assert!(retried(err(tool(ErrorClass::Unknown))));
+        let down = StoreError::new("sqlite", StoreErrorKind::Unavailable, "down");
+        assert!(retried(err(Error::Store(down))));
+        assert!(terminal(err(Error::NoRun {
+            tool: "charge",
+            part: "run_id"
+        })));
+        assert!(terminal(err(Error::NoRuntime { tool: "charge" })));
+
+        let Err((_, message)) = ok(Outcome::InFlight(InFlight::new(
+            "charge",
+            key,
+            Duration::from_secs(1),
+        ))) else {
+            unreachable!()
+        };
+        assert!(
+            message.contains(&key.to_string()),
+            "the short hash: {message}"
+        );
+        assert!(!message.contains("run-1"), "never the key: {message}");
+    }
+}

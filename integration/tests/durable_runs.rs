@@ -225,6 +225,29 @@ async fn a_run_resumed_after_seven_days_replays_when_its_keys_outlive_the_window
     assert_eq!(effects(&day), 2);
 }
 
+/// What the test's subscriber wrote.
+#[derive(Clone, Default)]
+struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
+    type Writer = Log;
+
+    fn make_writer(&'a self) -> Log {
+        self.clone()
+    }
+}
+
 #[tokio::test]
 async fn the_audit_refuses_keys_shorter_than_the_resume_window_unless_accepted() {
     let tools = idem::registry::tools();
@@ -273,7 +296,19 @@ async fn the_audit_refuses_keys_shorter_than_the_resume_window_unless_accepted()
         .accept_short_ttl("runs.day")
         .accept_short_ttl("runs.nothing")
         .build(MemoryStore::new());
+    let log = Log::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(log.clone())
+        .with_ansi(false)
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
     let audit = audit_tools(&idem, &both).await;
+    drop(guard);
+    let logged = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logged.contains("WARN") && logged.contains("accepted risk") && logged.contains("runs.day"),
+        "the accepted risk is logged: {logged}"
+    );
     let text = audit.to_string();
     assert!(audit.is_ok(), "{text}");
     let day_finding = audit
