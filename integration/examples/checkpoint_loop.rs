@@ -21,13 +21,17 @@
 //! step (before the effect, inside it after the effect, after it before the checkpoint) the
 //! worker kills itself with that chance, at most once per step and point.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use idem::idempotent;
 use idem::run::Run;
 use idem::store::postgres::tokio_postgres::{self, NoTls};
+
+#[path = "common/kills.rs"]
+mod kills;
+
+use kills::Kills;
 
 /// The steps of every order's workflow, in order.
 const STEPS: [&str; 3] = ["reserve", "charge", "ship"];
@@ -36,8 +40,7 @@ const STEPS: [&str; 3] = ["reserve", "charge", "ship"];
 struct Settings {
     database_url: String,
     schema: String,
-    crash_dir: Option<PathBuf>,
-    crash_percent: u32,
+    kills: Kills,
 }
 
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
@@ -47,11 +50,7 @@ fn settings() -> &'static Settings {
         database_url: std::env::var("DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
         schema: std::env::var("SCHEMA").unwrap_or_else(|_| "idem_checkpoint_example".to_owned()),
-        crash_dir: std::env::var_os("CRASH_DIR").map(PathBuf::from),
-        crash_percent: std::env::var("CRASH_PERCENT")
-            .ok()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0),
+        kills: Kills::from_env(),
     })
 }
 
@@ -62,31 +61,9 @@ fn db() -> &'static tokio_postgres::Client {
     DB.get().expect("connected first")
 }
 
-/// The worker kills itself (SIGKILL) at `point` of a step, with the configured chance, at most
-/// once per step and point.
+/// The worker kills itself at `point` of a step, as `CRASH_DIR` and `CRASH_PERCENT` say.
 fn maybe_crash(step: &str, point: &str) {
-    let settings = settings();
-    let Some(dir) = &settings.crash_dir else {
-        return;
-    };
-    if (uuid::Uuid::new_v4().as_u128() % 100) as u32 >= settings.crash_percent {
-        return;
-    }
-    let marker = dir.join(format!("{step}.{point}"));
-    if std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&marker)
-        .is_err()
-    {
-        return;
-    }
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &std::process::id().to_string()])
-        .status();
-    loop {
-        std::thread::park();
-    }
+    settings().kills.maybe(&format!("{step}.{point}"));
 }
 
 /// A step's external effect failed.

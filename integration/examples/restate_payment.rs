@@ -30,8 +30,12 @@ use idem::idempotent;
 use idem::restate::{Steps, answer};
 use restate_sdk::prelude::*;
 
+#[path = "common/kills.rs"]
+mod kills;
 #[path = "../tests/common/restate.rs"]
 mod restate;
+
+use kills::Kills;
 
 /// What the handler is asked to pay.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -52,26 +56,22 @@ pub struct Charged {
 #[error("the ledger could not be written: {0}")]
 pub struct LedgerError(String);
 
-/// The service's settings, read once from the environment.
-struct Settings {
-    ledger: PathBuf,
-    crash_dir: Option<PathBuf>,
-    crash_percent: u32,
+/// The ledger file, from `LEDGER`.
+fn ledger() -> &'static PathBuf {
+    static LEDGER: OnceLock<PathBuf> = OnceLock::new();
+    LEDGER.get_or_init(|| {
+        std::env::var_os("LEDGER")
+            .map(PathBuf::from)
+            .expect("LEDGER names the ledger file")
+    })
 }
 
-static SETTINGS: OnceLock<Settings> = OnceLock::new();
-
-fn settings() -> &'static Settings {
-    SETTINGS.get_or_init(|| Settings {
-        ledger: std::env::var_os("LEDGER")
-            .map(PathBuf::from)
-            .expect("LEDGER names the ledger file"),
-        crash_dir: std::env::var_os("CRASH_DIR").map(PathBuf::from),
-        crash_percent: std::env::var("CRASH_PERCENT")
-            .ok()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0),
-    })
+/// Kills at `point` of `order_id`'s action, as `CRASH_DIR` and `CRASH_PERCENT` say.
+fn maybe_crash(order_id: &str, point: &str) {
+    static KILLS: OnceLock<Kills> = OnceLock::new();
+    KILLS
+        .get_or_init(Kills::from_env)
+        .maybe(&format!("{order_id}.{point}"));
 }
 
 /// The external effect: one line per charge, appended to the ledger (not idem's store).
@@ -79,38 +79,10 @@ fn append_to_ledger(order_id: &str) -> Result<(), LedgerError> {
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&settings().ledger)
+        .open(ledger())
         .map_err(|e| LedgerError(e.to_string()))?;
     file.write_all(format!("{order_id}\n").as_bytes())
         .map_err(|e| LedgerError(e.to_string()))
-}
-
-/// Kills this process (SIGKILL) at `point` of `order_id`'s action, with the configured chance,
-/// at most once per order and point.
-fn maybe_crash(order_id: &str, point: &str) {
-    let settings = settings();
-    let Some(dir) = &settings.crash_dir else {
-        return;
-    };
-    let roll = (uuid::Uuid::new_v4().as_u128() % 100) as u32;
-    if roll >= settings.crash_percent {
-        return;
-    }
-    let marker = dir.join(format!("{order_id}.{point}"));
-    if std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&marker)
-        .is_err()
-    {
-        return; // this order already crashed here once
-    }
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &std::process::id().to_string()])
-        .status();
-    loop {
-        std::thread::park();
-    }
 }
 
 /// Whether the ledger already holds the order's charge: asked when a call takes over the key of
@@ -121,7 +93,7 @@ async fn already_charged(
     order_id: &String,
     amount_cents: &u64,
 ) -> Result<Option<Charged>, LedgerError> {
-    let ledger = match std::fs::read_to_string(&settings().ledger) {
+    let ledger = match std::fs::read_to_string(ledger()) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(LedgerError(e.to_string())),

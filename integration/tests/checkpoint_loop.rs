@@ -10,31 +10,15 @@
 //! three steps each: 102 steps).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
+#[path = "common/examples.rs"]
+mod examples;
+
+use examples::example;
 use idem::store::conformance::test_server_url;
 use idem::store::postgres::tokio_postgres::{self, NoTls};
-
-/// `target/debug/examples/NAME`, built by `cargo test` beside the tests.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let binary = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/debug")
-        .join("examples")
-        .join(name);
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("examples/{name}.rs"));
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    assert!(
-        modified(&binary) >= modified(&source),
-        "{} is missing or older than its source: `cargo test -p idem-integration` builds the \
-         examples (or `cargo build -p idem-integration --example {name}`)",
-        binary.display()
-    );
-    binary
-}
 
 /// Runs workers until one finishes every workflow; returns how many were killed.
 fn run_to_the_end(url: &str, schema: &str, orders: usize, bare: bool, crashes: &Path) -> usize {

@@ -8,34 +8,16 @@
 //! `IDEM_RESTATE_ORDERS` sets the number of orders per handler (default 100). Without a server
 //! binary (and no npm to install one) the test is skipped, unless `IDEM_REQUIRE_BACKENDS=1`.
 
+#[path = "common/examples.rs"]
+mod examples;
 #[path = "common/restate.rs"]
 mod restate;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use examples::example;
 use idem::store::RecordStatus;
-
-/// `target/debug/examples/NAME`: `cargo test` builds the examples beside the tests (not
-/// `cargo test --test restate`: build it with `--example restate_payment` then).
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let binary = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/debug")
-        .join("examples")
-        .join(name);
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("examples/{name}.rs"));
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    assert!(
-        modified(&binary) >= modified(&source),
-        "{} is missing or older than its source: `cargo test -p idem-integration` builds the \
-         examples (or `cargo build -p idem-integration --example {name}`)",
-        binary.display()
-    );
-    binary
-}
 
 fn orders() -> usize {
     std::env::var("IDEM_RESTATE_ORDERS")
