@@ -45,6 +45,8 @@ async fn logs_and_metrics_count_every_outcome_and_never_show_the_key() {
         .with_max_level(tracing::Level::TRACE)
         .with_span_events(tracing_subscriber::fmt::format::FmtSpan::FULL)
         .with_writer(move || writer.clone())
+        // Plain text: another dependency may turn on tracing-subscriber's `ansi` feature.
+        .with_ansi(false)
         .finish();
     // Global, so that the spawned call's logs (on another worker thread) are captured too.
     tracing::subscriber::set_global_default(subscriber).unwrap();
