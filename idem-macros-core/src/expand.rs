@@ -130,7 +130,6 @@ fn return_span(tool: &Tool) -> Span {
 fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     let parts = keyed.parts.iter().map(|part| {
         let name = part.path.dotted();
-        let expr = path_expr(&part.path, part.span);
         if part.from_run {
             // The durable run gives it: no parameter has the name.
             let part_fn = format_ident!("{}_part", name);
@@ -139,6 +138,7 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
                 .run_part(#name, ::idem::__private::#part_fn(#tool_arg))
             };
         }
+        let expr = path_expr(&part.path, part.span);
         let from_context = tool
             .param(part.path.root())
             .is_some_and(|p| p.source() == crate::ast::Source::ToolContext);

@@ -192,12 +192,9 @@ pub(crate) fn run_id_part() -> Option<Result<KeyPart, InvalidKey>> {
 /// The `step_id` part of a call of `tool` that takes it from the run, counting the call:
 /// `None` outside a step.
 pub(crate) fn step_id_part(tool: &'static str) -> Option<Result<KeyPart, InvalidKey>> {
-    STEP.try_with(|step| {
-        let id = step.next_call(tool);
-        validate_key_string(&id)?;
-        KeyPart::new(&id)
-    })
-    .ok()
+    // A string part is checked as a key string by `KeyPart::new` (a numbered id may be too long).
+    STEP.try_with(|step| KeyPart::new(&step.next_call(tool)))
+        .ok()
 }
 
 /// The count of calls of the current step at one moment, to be restored before each retry of

@@ -16,7 +16,7 @@ use std::process::Command;
 #[path = "common/examples.rs"]
 mod examples;
 
-use examples::example;
+use examples::{example, kills_by_point};
 use idem::store::conformance::test_server_url;
 use idem::store::postgres::tokio_postgres::{self, NoTls};
 
@@ -82,12 +82,7 @@ async fn every_step_happens_once_with_idem_and_some_twice_without_under_kills() 
         let crashes = tempfile::tempdir().unwrap();
         let killed = run_to_the_end(&url, &schema, orders, bare, crashes.path());
         let (client, counts) = ledger(&url, &schema).await;
-        let mut by_point: BTreeMap<String, usize> = BTreeMap::new();
-        for entry in std::fs::read_dir(crashes.path()).unwrap() {
-            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
-            let point = name.rsplit('.').next().unwrap().to_owned();
-            *by_point.entry(point).or_default() += 1;
-        }
+        let by_point = kills_by_point(crashes.path(), "order-");
         let checkpoints: i64 = client
             .query_one(&format!("SELECT count(*) FROM {schema}.checkpoints"), &[])
             .await

@@ -16,7 +16,7 @@ mod restate;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use examples::example;
+use examples::{example, kills_by_point};
 use idem::store::RecordStatus;
 
 fn orders() -> usize {
@@ -33,20 +33,6 @@ fn ledger_counts(ledger: &Path) -> BTreeMap<String, usize> {
         *counts.entry(line.to_owned()).or_default() += 1;
     }
     counts
-}
-
-/// How many kills each point of the actions caused (its marker files).
-fn kills_by_point(dir: &Path, prefix: &str) -> BTreeMap<String, usize> {
-    let mut kills = BTreeMap::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
-        if let Some(rest) = name.strip_prefix(prefix)
-            && let Some((_, point)) = rest.rsplit_once('.')
-        {
-            *kills.entry(point.to_owned()).or_default() += 1;
-        }
-    }
-    kills
 }
 
 /// Pays `n` orders named `PREFIX-i` through `handler`, 8 at a time; every call must succeed.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::tool::{Form, ToolInfo, format_duration, sort_tools, tools};
+use super::tool::{Form, ToolInfo, format_duration, ser_opt_duration, sort_tools, tools};
 use crate::runtime::{DEFAULT_LEASE, DEFAULT_TTL, Idem};
 
 /// The tool report: every registered tool with its key, TTL, lease and policy.
@@ -45,13 +45,6 @@ pub struct ResumeCheck {
     pub enough: bool,
     /// Whether the runtime accepts a shorter TTL for this tool (`accept_short_ttl`).
     pub accepted: bool,
-}
-
-fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_str(&format_duration(*d)),
-        None => s.serialize_none(),
-    }
 }
 
 fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -266,11 +259,11 @@ impl Idem {
     /// The tool report with this runtime's defaults.
     pub fn report(&self) -> Report {
         let report = Report::new(tools(), self.default_ttl(), self.default_lease());
-        match (self.resume_window(), self.needed_ttl()) {
-            (Some(resume), Some(needed)) => {
+        match self.resume_window().zip(self.needed_ttl()) {
+            Some((resume, needed)) => {
                 report.with_resume_window(resume, needed, self.accepted_short_ttls())
             }
-            _ => report,
+            None => report,
         }
     }
 }

@@ -131,7 +131,11 @@ pub struct ToolInfo {
 /// key to commit: then it replays (or runs, if that call rolled back), else it answers in flight.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(2);
 
-fn ser_opt_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+/// A duration the way the attribute takes it (`24h`), or none.
+pub(super) fn ser_opt_duration<S: serde::Serializer>(
+    d: &Option<Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     match d {
         Some(d) => s.serialize_str(&format_duration(*d)),
         None => s.serialize_none(),
