@@ -140,14 +140,19 @@ pub enum Error<E> {
         /// The encoding error.
         source: serde_json::Error,
     },
-    /// The body ran, but the store failed while recording its result (it went down during the
-    /// call). The key stays claimed until its lease lapses; the result is lost.
+    /// The body ran, but its result could not be recorded: the store failed at every attempt
+    /// for the whole completion window (the call's lease unless the runtime sets less; one
+    /// attempt for an error that will not pass, such as a damaged schema), or the last
+    /// attempt's answer was lost. The key stays in flight until its lease lapses; then the next
+    /// call takes it over as the tool's `on_orphan` (or its state check) says.
     CompletionFailed {
         /// The tool's stable name.
         tool: &'static str,
         /// Short hash of the key.
         key: KeyHash,
-        /// The store's error.
+        /// How many times the completion was sent.
+        attempts: u32,
+        /// The store's last error.
         source: StoreError,
     },
     /// The body of a transactional tool (`#[idempotent(…, transactional)]`) ran, but its
@@ -261,9 +266,17 @@ impl<E> Error<E> {
             Error::ResultNotStored { tool, key, source } => {
                 Error::ResultNotStored { tool, key, source }
             }
-            Error::CompletionFailed { tool, key, source } => {
-                Error::CompletionFailed { tool, key, source }
-            }
+            Error::CompletionFailed {
+                tool,
+                key,
+                attempts,
+                source,
+            } => Error::CompletionFailed {
+                tool,
+                key,
+                attempts,
+                source,
+            },
             Error::NotCommitted { tool, key, source } => Error::NotCommitted { tool, key, source },
             Error::CheckFailed { tool, error } => Error::CheckFailed {
                 tool,
@@ -347,10 +360,16 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 f,
                 "tool `{tool}`: its state check failed ({error}); the body did not run"
             ),
-            Error::CompletionFailed { tool, key, .. } => write!(
+            Error::CompletionFailed {
+                tool,
+                key,
+                attempts,
+                ..
+            } => write!(
                 f,
-                "tool `{tool}` (key {key}): the body ran but the store failed while recording \
-                 its result; the key stays claimed until its lease lapses"
+                "tool `{tool}` (key {key}): the body ran but its result was not recorded \
+                 ({attempts} attempt{s} failed); the key stays in flight until its lease lapses",
+                s = if *attempts == 1 { "" } else { "s" }
             ),
             Error::NotCommitted { tool, key, .. } => {
                 write!(f, "tool `{tool}`")?;

@@ -10,6 +10,8 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub(crate) struct LeaseState {
     lost: AtomicBool,
+    /// The store refused a renewal: another claim owns the key, or it was settled or purged.
+    refused: AtomicBool,
     notify: Notify,
 }
 
@@ -30,6 +32,18 @@ impl LeaseState {
             notified.as_mut().await;
             notified.set(self.notify.notified());
         }
+    }
+
+    /// Whether the store refused a renewal (the lease is lost for sure, not only lapsed by
+    /// this caller's clock).
+    pub fn is_refused(&self) -> bool {
+        self.refused.load(Ordering::Acquire)
+    }
+
+    /// The store refused a renewal: the lease is lost.
+    pub(crate) fn refuse(&self) {
+        self.refused.store(true, Ordering::Release);
+        self.lose();
     }
 
     pub(crate) fn lose(&self) {

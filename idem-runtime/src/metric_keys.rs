@@ -10,6 +10,13 @@ pub const CALLS: &str = "idem_calls_total";
 pub const BODY_RUNS: &str = "idem_body_runs_total";
 /// The duration of each keyed call in seconds, labelled by `tool` and `outcome`.
 pub const CALL_DURATION: &str = "idem_call_duration_seconds";
+/// Every completion sent again after a store error, labelled by `tool`.
+pub const COMPLETION_RETRIES: &str = "idem_completion_retries_total";
+/// Every completion that landed after at least one store error, labelled by `tool`.
+pub const COMPLETIONS_LATE: &str = "idem_completions_late_total";
+/// Every completion that did not land because of the store (given up, or fenced out after a
+/// failed attempt), labelled by `tool`: a body ran whose result is not recorded.
+pub const COMPLETIONS_LOST: &str = "idem_completions_lost_total";
 
 /// How a keyed call ended: its `outcome` label (see the module's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::protocol::{Claiming, Intent, claim};
 use crate::runtime::{Idem, Scope};
+use crate::timer::jitter;
 use idem_core::Outcome;
 use idem_core::key::{IdempotencyKey, KeyHash, KeyPart, derive_key};
 use idem_core::store::{Orphans, RecordStatus, UnixMillis};
@@ -82,12 +83,6 @@ impl RetryPolicy {
     pub fn delay_at_least(&self, attempt: u32, floor: Duration) -> Duration {
         self.delay(attempt, None).max(floor)
     }
-}
-
-/// Full jitter: a uniformly random wait between zero and `max`.
-pub(crate) fn jitter(max: Duration) -> Duration {
-    let random = uuid::Uuid::new_v4().as_u128() as u64;
-    Duration::from_nanos(random % (max.as_nanos().max(1) as u64))
 }
 
 /// Why a step went to the dead-letter queue.

@@ -48,6 +48,7 @@ struct Inner {
     max_result_bytes: usize,
     max_argument_bytes: usize,
     renew_leases: bool,
+    completion_retry: Option<Duration>,
     clock: Arc<dyn Clock>,
 }
 
@@ -79,6 +80,7 @@ impl Idem {
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             max_argument_bytes: DEFAULT_MAX_ARGUMENT_BYTES,
             renew_leases: true,
+            completion_retry: None,
             clock: Arc::new(SystemClock),
         }
     }
@@ -171,6 +173,13 @@ impl Idem {
         self.inner.renew_leases
     }
 
+    /// How long a call whose body ran tries again to record its result through store errors,
+    /// counted from the first failed attempt: `lease` (the call's lease) unless
+    /// [`IdemBuilder::completion_retry`] set less.
+    pub fn completion_retry(&self, lease: Duration) -> Duration {
+        self.inner.completion_retry.map_or(lease, |d| d.min(lease))
+    }
+
     /// The largest result a record keeps.
     pub fn max_result_bytes(&self) -> usize {
         self.inner.max_result_bytes
@@ -232,6 +241,7 @@ pub struct IdemBuilder {
     max_result_bytes: usize,
     max_argument_bytes: usize,
     renew_leases: bool,
+    completion_retry: Option<Duration>,
     clock: Arc<dyn Clock>,
 }
 
@@ -307,6 +317,20 @@ impl IdemBuilder {
         self
     }
 
+    /// How long a call whose body ran tries again to record its result when the store fails
+    /// (a reset, a timeout, a failover), counted from the first failed attempt: the call's lease
+    /// unless set, and never longer (a longer setting is cut to the lease).
+    ///
+    /// The result is in memory and the effect has happened: the completion is retried with
+    /// backoff while the lease is renewed, and the call answers `Fresh` once it lands. A call
+    /// whose completion did not land within this time answers
+    /// [`Error::CompletionFailed`](idem_core::Error::CompletionFailed): its key stays in flight
+    /// until its lease lapses. Set it shorter when your callers have a deadline of their own.
+    pub fn completion_retry(mut self, window: Duration) -> Self {
+        self.completion_retry = Some(window);
+        self
+    }
+
     /// The clock (the system clock unless set).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -331,6 +355,7 @@ impl IdemBuilder {
                 max_result_bytes: self.max_result_bytes,
                 max_argument_bytes: self.max_argument_bytes,
                 renew_leases: self.renew_leases,
+                completion_retry: self.completion_retry,
                 clock: self.clock,
             }),
         }

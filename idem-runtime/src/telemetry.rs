@@ -8,6 +8,11 @@
 //!   call, a tool error, a completion the store failed to record): the effects.
 //! - [`CALL_DURATION`] (`idem_call_duration_seconds{tool, outcome}`): a histogram of the whole
 //!   call, store round trips and body included.
+//! - [`COMPLETION_RETRIES`] (`idem_completion_retries_total{tool}`), [`COMPLETIONS_LATE`]
+//!   (`idem_completions_late_total{tool}`), [`COMPLETIONS_LOST`]
+//!   (`idem_completions_lost_total{tool}`): completions sent again after a store error, those
+//!   that then landed, and those that did not (the body ran, its result is not recorded). The
+//!   HTTP layer's recordings count under the tool `http`.
 //!
 //! | `outcome` | the call |
 //! |---|---|
@@ -41,9 +46,11 @@ use idem_core::Error;
 use idem_core::Outcome;
 use idem_core::key::IdempotencyKey;
 
-pub use crate::metric_keys::{BODY_RUNS, CALL_DURATION, CALLS};
+pub use crate::metric_keys::{
+    BODY_RUNS, CALL_DURATION, CALLS, COMPLETION_RETRIES, COMPLETIONS_LATE, COMPLETIONS_LOST,
+};
 
-/// Describes the three metrics (unit and help text) to the installed `metrics` recorder.
+/// Describes idem's metrics (unit and help text) to the installed `metrics` recorder.
 ///
 /// idem does it by itself before its first keyed call; call this after installing a recorder
 /// later than that, or to have the descriptions before any call.
@@ -59,6 +66,45 @@ pub fn describe() {
         Unit::Seconds,
         "Duration of keyed tool calls, store round trips and body included, by tool and outcome"
     );
+    metrics::describe_counter!(
+        COMPLETION_RETRIES,
+        Unit::Count,
+        "Completions sent again after a store error, by tool"
+    );
+    metrics::describe_counter!(
+        COMPLETIONS_LATE,
+        Unit::Count,
+        "Completions that landed after a store error, by tool"
+    );
+    metrics::describe_counter!(
+        COMPLETIONS_LOST,
+        Unit::Count,
+        "Completions that did not land because of the store (the body ran), by tool"
+    );
+}
+
+/// Reports a completion that met the store's errors: its `retries` (the attempts after the
+/// first), and whether it was `lost` (did not land) or landed late. Only this rare path builds
+/// its metric keys.
+pub(crate) fn completion(tool: &'static str, retries: u32, lost: bool) {
+    if retries > 0 {
+        metrics::counter!(COMPLETION_RETRIES, "tool" => tool).increment(retries.into());
+    }
+    if lost {
+        metrics::counter!(COMPLETIONS_LOST, "tool" => tool).increment(1);
+        tracing::warn!(
+            tool,
+            attempts = retries + 1,
+            "idempotent call: the body ran and its result could not be recorded"
+        );
+    } else if retries > 0 {
+        metrics::counter!(COMPLETIONS_LATE, "tool" => tool).increment(1);
+        tracing::info!(
+            tool,
+            attempts = retries + 1,
+            "idempotent call: its result was recorded after the store failed"
+        );
+    }
 }
 
 /// One keyed call of a tool, observed: its span `idem.call`, and when it started.

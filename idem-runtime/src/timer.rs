@@ -32,6 +32,12 @@ pub(crate) fn sleep_until(deadline: Instant) -> Sleep {
     }
 }
 
+/// Full jitter: a uniformly random wait between zero and `max`.
+pub(crate) fn jitter(max: Duration) -> Duration {
+    let random = uuid::Uuid::new_v4().as_u128() as u64;
+    Duration::from_nanos(random % (max.as_nanos().max(1) as u64))
+}
+
 /// Completes after `duration`.
 pub(crate) fn sleep(duration: Duration) -> Sleep {
     sleep_until(Instant::now() + duration)

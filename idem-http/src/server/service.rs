@@ -300,9 +300,12 @@ impl Config {
         if (self.stores)(parts.status) {
             let encoded =
                 encode_response(parts.status, &parts.headers, &self.replay_headers, &body);
-            // A completion that fails or was fenced out leaves the key to its lease; the
-            // client still gets the answer the handler gave.
-            let _ = claimed.complete(RecordStatus::Completed, &encoded).await;
+            // Tried again through store errors while the lease lasts (the handler's task
+            // outlives a client that hangs up). A completion that fails for good or was fenced
+            // out leaves the key to its lease; the client still gets the handler's answer.
+            let _ = claimed
+                .complete_retrying(RecordStatus::Completed, &encoded)
+                .await;
         } else {
             let _ = claimed.release().await;
         }

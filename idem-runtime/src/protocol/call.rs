@@ -286,7 +286,10 @@ where
         match claimed.hold(check).await {
             Ok(Some(value)) => {
                 let bytes = encode_value(&value).map_err(|source| not_stored(name, key, source))?;
-                return match claimed.complete(RecordStatus::Completed, &bytes).await {
+                let recorded = claimed
+                    .complete_retrying(RecordStatus::Completed, &bytes)
+                    .await;
+                return match recorded.answer {
                     Ok(Fenced::Applied) => Ok(Outcome::Replayed(value)),
                     Ok(Fenced::Lost) => Err(lease_lost(name, key)),
                     Err(e) => Err(Error::Store(e)),
@@ -377,15 +380,18 @@ where
                 Some(size) => too_large_record(size, limit),
                 None => bytes,
             };
-            let settled = claimed.complete(status, &bytes).await.map_err(|source| {
-                Error::CompletionFailed {
-                    tool: name,
-                    key: key.short_hash(),
-                    source,
+            let recorded = claimed.complete_retrying(status, &bytes).await;
+            match recorded.answer {
+                Ok(Fenced::Applied) => {}
+                Ok(Fenced::Lost) => return Err(lease_lost(name, key)),
+                Err(source) => {
+                    return Err(Error::CompletionFailed {
+                        tool: name,
+                        key: key.short_hash(),
+                        attempts: recorded.retries + 1,
+                        source,
+                    });
                 }
-            })?;
-            if settled == Fenced::Lost {
-                return Err(lease_lost(name, key));
             }
             if let Some(size) = too_large {
                 return Err(Error::ResultTooLarge {

@@ -76,7 +76,7 @@ impl Claimed {
             match renewed {
                 Ok(Fenced::Applied) => held_until = after(now, self.lease),
                 Ok(Fenced::Lost) => {
-                    self.lease_state.lose();
+                    self.lease_state.refuse();
                     return std::future::pending().await;
                 }
                 Err(_) => {

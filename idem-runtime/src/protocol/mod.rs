@@ -9,7 +9,7 @@
 //! | refuse | `Mismatch`, `InFlight` (with how long to wait), `Unknown` | [`Claiming`] |
 //! | check | an orphan or `unknown` record taken over: the tool's state check decides first | `call.rs` (`Check`) |
 //! | run | the body, as [`current()`](crate::current()) call, its lease renewed while it runs | `call.rs`, `lease.rs` |
-//! | settle | complete (fenced by the claim's token) or release, as the tool's `on_error` policy says | [`Claimed`], `policy.rs` |
+//! | settle | complete (fenced by the claim's token, tried again through store errors while the lease lasts) or release, as the tool's `on_error` policy says | [`Claimed`], `completion.rs`, `policy.rs` |
 //!
 //! A transactional tool (`transactional.rs`, feature `postgres`) takes the same steps inside one
 //! transaction of the store's database: claim, body and settlement commit together.
@@ -19,6 +19,7 @@
 
 pub(crate) mod call;
 pub(crate) mod checked;
+pub(crate) mod completion;
 pub(crate) mod lease;
 pub(crate) mod policy;
 pub(crate) mod record;
@@ -28,13 +29,16 @@ pub(crate) mod transactional;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use completion::Recorded;
+
 use crate::lease_state::LeaseState;
 use crate::runtime::Idem;
 use idem_core::StoreError;
 use idem_core::fingerprint::Fingerprint;
 use idem_core::key::IdempotencyKey;
 use idem_core::store::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, RecordStatus, UnixMillis, after,
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, RecordStatus, StoreFuture,
+    UnixMillis, after,
 };
 
 /// What one call means to claim: the key of an intent, under a tenant.
@@ -91,6 +95,7 @@ pub async fn claim(idem: &Idem, intent: &Intent) -> Result<Claiming, StoreError>
     Ok(match claim {
         Claim::Acquired { token, takeover } => Claiming::Acquired(Claimed {
             idem: idem.clone(),
+            tool: intent.tool,
             tenant: intent.tenant.clone(),
             key: intent.key,
             token,
@@ -121,6 +126,8 @@ pub fn retry_after(lease_expires_at: UnixMillis, now: UnixMillis, lease: Duratio
 #[derive(Debug)]
 pub struct Claimed {
     idem: Idem,
+    /// The tool's stable name (for its metrics).
+    tool: &'static str,
     tenant: Arc<str>,
     key: IdempotencyKey,
     token: FencingToken,
@@ -151,24 +158,27 @@ impl Claimed {
         &self.lease_state
     }
 
-    /// Records the key as `status` with `result`, if this claim still owns it.
+    /// Records the key as `status` with `result`, if this claim still owns it: one attempt
+    /// (see [`Claimed::complete_retrying`] for the attempts a call makes).
     pub async fn complete(
         &self,
         status: RecordStatus,
         result: &[u8],
     ) -> Result<Fenced, StoreError> {
-        self.idem
-            .store()
-            .complete(Completion {
-                tenant: &self.tenant,
-                key: self.key,
-                token: self.token,
-                status,
-                result,
-                now: self.idem.clock().now(),
-                ttl: self.ttl,
-            })
-            .await
+        self.completion(status, result).await
+    }
+
+    /// The store's completion of this claim, as `status` with `result`.
+    fn completion<'a>(&'a self, status: RecordStatus, result: &'a [u8]) -> StoreFuture<'a, Fenced> {
+        self.idem.store().complete(Completion {
+            tenant: &self.tenant,
+            key: self.key,
+            token: self.token,
+            status,
+            result,
+            now: self.idem.clock().now(),
+            ttl: self.ttl,
+        })
     }
 
     /// Deletes the claim, so that the next call runs: nothing happened.
