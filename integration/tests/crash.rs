@@ -12,8 +12,10 @@
 //! intent ends with its rows exactly once and a completed record, never unknown.
 //!
 //! The child marks each moment in a phase file (`B` before the call, `C` claimed, `E` inside the
-//! effect, `F` effect done but not yet completed, `D` completed), so the parent knows where each
-//! kill landed. `IDEM_CRASH_CYCLES` sets the number of cycles (default 60; the full run in the
+//! effect, `F` effect done but not yet completed, `R` a completion attempt failed and is being
+//! tried again, `D` completed), so the parent knows where each kill landed. Every third
+//! intent's completion blips (its first attempt fails, its second lands with its answer lost),
+//! so that kills land while the runtime tries a completion again. `IDEM_CRASH_CYCLES` sets the number of cycles (default 60; the full run in the
 //! notes used 300).
 
 use std::collections::HashMap;
@@ -107,6 +109,10 @@ struct Marking(Box<dyn Store>);
 /// The intent being called (one call at a time in a child).
 static CURRENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
 
+/// How many completions of each intent this process sent.
+static COMPLETION_ATTEMPTS: std::sync::Mutex<Option<HashMap<u32, u32>>> =
+    std::sync::Mutex::new(None);
+
 fn current_intent() -> Option<u32> {
     let intent = CURRENT.load(std::sync::atomic::Ordering::SeqCst);
     (intent != u32::MAX).then_some(intent)
@@ -137,11 +143,40 @@ impl Store for Marking {
     }
     fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
+            // Every third intent's completion blips: its first attempt fails unapplied, its
+            // second is applied and its answer lost; the runtime tries again and recognises
+            // its own record. The kills land in these windows too (`R`).
+            let attempt = current_intent().map(|intent| {
+                let mut attempts = COMPLETION_ATTEMPTS.lock().unwrap();
+                let n = attempts
+                    .get_or_insert_with(HashMap::new)
+                    .entry(intent)
+                    .or_default();
+                *n += 1;
+                (intent, *n)
+            });
+            if let Some((intent, 1)) = attempt.filter(|(i, _)| i.is_multiple_of(3)) {
+                mark('R', intent);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                return Err(idem::StoreError::new(
+                    "marking",
+                    idem::StoreErrorKind::Unavailable,
+                    "complete: the store blipped",
+                ));
+            }
             let fenced = self.0.complete(c).await?;
             if let (Fenced::Applied, Some(intent)) = (fenced, current_intent()) {
                 mark('D', intent);
                 // A window after the completion, before the caller hears of it.
                 tokio::time::sleep(Duration::from_millis(3)).await;
+                if let Some((intent, 2)) = attempt.filter(|(i, _)| i.is_multiple_of(3)) {
+                    mark('R', intent);
+                    return Err(idem::StoreError::new(
+                        "marking",
+                        idem::StoreErrorKind::Unavailable,
+                        "complete: the answer was lost",
+                    ));
+                }
             }
             Ok(fenced)
         })
@@ -361,8 +396,8 @@ fn kill_9_cycles(postgres: Option<String>) {
     };
     println!(
         "{store}: {cycles} cycles, kills by the last moment reached ({{B: before the claim, C: claimed, \
-         E: inside the effect, F: effect done, not completed, D: completed, -: before the first \
-         call}}): {phases:?}; {INTENTS} intents, none charged twice: {} checked ones completed, \
+         E: inside the effect, F: effect done, not completed, R: completion being tried again, \
+         D: completed, -: before the first call}}): {phases:?}; {INTENTS} intents, none charged twice: {} checked ones completed, \
          charged once; of {} unchecked ones {} completed, charged once, and {unknown} blocked as \
          unknown ({} of those charged)",
         INTENTS / 2,

@@ -592,3 +592,114 @@ async fn the_retry_executor_through_network_faults_makes_one_effect_per_step() {
     assert!(matches!(owner.await.unwrap(), Ok(Outcome::Fresh(7))));
     assert_eq!(effects(&held), 1);
 }
+
+/// A state check for `checked_charge`: the effect ledger says whether the charge happened.
+async fn already_charged(run_id: &str) -> Result<Option<u32>, Infallible> {
+    Ok((effects(run_id) > 0).then_some(7))
+}
+
+#[idempotent(key = "run_id", mutating, lease = "1s", check = already_charged, name = "faults.checked_charge")]
+async fn checked_charge(run_id: String) -> Result<u32, Infallible> {
+    ENTERED.lock().unwrap().push(run_id.clone());
+    while HELD.lock().unwrap().contains(&run_id) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    effect(&run_id);
+    Ok(7)
+}
+
+/// The store goes away as the body returns (every connection reset, new ones too) and comes
+/// back `outage` later; answers the call's answer and how long it took after the body.
+async fn an_outage_as_the_body_returns(
+    proxy: &FaultProxy,
+    scope: &idem::Scope,
+    id: &str,
+    outage: Duration,
+) -> (Result<Outcome<u32>, Error<Infallible>>, Duration) {
+    HELD.lock().unwrap().push(id.to_owned());
+    let call = tokio::spawn({
+        let (scope, id) = (scope.clone(), id.to_owned());
+        async move { scope.run(checked_charge(id)).await }
+    });
+    until("the body began", async || entered(id) == 1).await;
+    proxy.set(Fault::Reset);
+    let returned = Instant::now();
+    HELD.lock().unwrap().retain(|held| held != id);
+    tokio::time::sleep(outage).await;
+    proxy.set(Fault::None);
+    let answer = call.await.unwrap();
+    (answer, returned.elapsed())
+}
+
+/// The completion meets an outage: shorter than the lease, it is tried again until the store is
+/// back, and the call answers `Fresh`; longer than the lease, the call answers that the body
+/// ran and its result was not recorded (after one lease of attempts), and once the lease has
+/// lapsed the next call takes the key over, asks the state check, and replays: one effect.
+async fn a_completion_rides_out_an_outage_shorter_than_the_lease(var: &str, options: &str) {
+    let Some((proxy, url)) = FaultProxy::in_front_of(var, options).await else {
+        return;
+    };
+    let direct = Idem::open(&test_server_url(var).unwrap()).await.unwrap();
+    let tenant = format!("tenant-outage-{}", uuid::Uuid::new_v4().simple());
+    let scope = Idem::open(&url).await.unwrap().scope(tenant.as_str());
+    let _ = scope.run(checked_charge(run_id())).await.unwrap();
+
+    let id = run_id();
+    let (answer, took) =
+        an_outage_as_the_body_returns(&proxy, &scope, &id, Duration::from_millis(600)).await;
+    assert!(matches!(answer, Ok(Outcome::Fresh(7))), "{answer:?}");
+    assert!(took >= Duration::from_millis(600), "{took:?}");
+    assert_eq!(
+        status(&direct, &tenant, "faults.checked_charge", &id).await,
+        Some(RecordStatus::Completed)
+    );
+    assert_eq!(effects(&id), 1);
+
+    let id = run_id();
+    let (answer, took) =
+        an_outage_as_the_body_returns(&proxy, &scope, &id, Duration::from_millis(2500)).await;
+    match &answer {
+        Err(e @ Error::CompletionFailed { attempts, .. }) => {
+            assert!(e.body_ran() && *attempts > 1, "{e}");
+        }
+        other => panic!("past the lease: {other:?}"),
+    }
+    assert!(
+        took >= Duration::from_millis(2500),
+        "answered after the outage: {took:?}"
+    );
+    assert_eq!(
+        status(&direct, &tenant, "faults.checked_charge", &id).await,
+        Some(RecordStatus::InFlight),
+        "the key stays in flight until its lease lapses"
+    );
+    let replayed = loop {
+        match scope.run(checked_charge(id.clone())).await {
+            Ok(Outcome::InFlight(wait)) => tokio::time::sleep(wait.retry_after).await,
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(replayed, Ok(Outcome::Replayed(7))),
+        "the check found the charge: {replayed:?}"
+    );
+    assert_eq!(effects(&id), 1);
+}
+
+#[tokio::test]
+async fn a_completion_rides_out_an_outage_shorter_than_the_lease_on_postgres() {
+    a_completion_rides_out_an_outage_shorter_than_the_lease(
+        "IDEM_TEST_POSTGRES_URL",
+        "sslmode=disable&replay_cache=0&response_timeout_ms=400&pool_timeout_ms=400&connect_timeout=1",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_completion_rides_out_an_outage_shorter_than_the_lease_on_redis() {
+    a_completion_rides_out_an_outage_shorter_than_the_lease(
+        "IDEM_TEST_REDIS_URL",
+        "timeout_ms=250&replay_cache=0",
+    )
+    .await;
+}

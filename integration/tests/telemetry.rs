@@ -7,9 +7,11 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::DownStore;
+use common::{CountingStore, DownStore};
 use idem::retry::{RetryPolicy, retry};
-use idem::telemetry::{BODY_RUNS, CALL_DURATION, CALLS};
+use idem::telemetry::{
+    BODY_RUNS, CALL_DURATION, CALLS, COMPLETION_RETRIES, COMPLETIONS_LATE, COMPLETIONS_LOST,
+};
 use idem::{Idem, idempotent};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -113,6 +115,33 @@ async fn logs_and_metrics_count_every_outcome_and_never_show_the_key() {
             .is_err()
     );
 
+    // A completion that meets two store errors lands late; one that meets nothing else is
+    // given up after its window (the body ran twice more).
+    let blipping = Arc::new(CountingStore::default());
+    blipping
+        .fail_completions_left
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    let blipping_idem = Idem::builder()
+        .completion_retry(Duration::from_millis(100))
+        .build(blipping.clone());
+    let blipped = blipping_idem.scope("tenant-t");
+    assert!(
+        blipped
+            .run(charge(format!("{SECRET}-d"), 5, 0))
+            .await
+            .unwrap()
+            .is_fresh()
+    );
+    blipping
+        .fail_completions
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        blipped
+            .run(charge(format!("{SECRET}-e"), 5, 0))
+            .await
+            .is_err()
+    );
+
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(logs.contains("idem.call"), "{logs}");
     assert!(
@@ -165,9 +194,17 @@ async fn logs_and_metrics_count_every_outcome_and_never_show_the_key() {
         })
         .collect();
     let count = |name: &str, outcome: &str| counts.get(&(name.to_owned(), outcome.to_owned()));
-    // The body ran three times: the first call, the held one, the failing one.
-    assert_eq!(count(BODY_RUNS, ""), Some(&3), "{counts:?}");
-    assert_eq!(count(CALLS, "fresh"), Some(&2), "{counts:?}");
+    // The body ran five times: the first call, the held one, the failing one, the one whose
+    // completion landed late and the one whose completion was lost.
+    assert_eq!(count(BODY_RUNS, ""), Some(&5), "{counts:?}");
+    assert_eq!(count(CALLS, "fresh"), Some(&3), "{counts:?}");
+    assert_eq!(count(CALLS, "completion_failed"), Some(&1), "{counts:?}");
+    assert_eq!(count(COMPLETIONS_LATE, ""), Some(&1), "{counts:?}");
+    assert_eq!(count(COMPLETIONS_LOST, ""), Some(&1), "{counts:?}");
+    assert!(
+        count(COMPLETION_RETRIES, "").is_some_and(|n| *n >= 3),
+        "two for the late one, at least one for the lost one: {counts:?}"
+    );
     assert_eq!(count(CALLS, "tool_error"), Some(&1), "{counts:?}");
     assert_eq!(count(CALLS, "replayed"), Some(&1), "{counts:?}");
     assert_eq!(count(CALLS, "mismatch"), Some(&1), "{counts:?}");

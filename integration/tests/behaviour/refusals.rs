@@ -1,6 +1,7 @@
 //! What fails closed before the body runs, and what says that the body ran.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use idem::{Error, Idem, idempotent};
 
@@ -30,13 +31,22 @@ async fn a_store_failing_at_completion_says_the_body_ran() {
     store
         .fail_completions
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let idem = Idem::with_store(store.clone());
+    // The completion is tried again for 200 ms, then given up.
+    let idem = Idem::builder()
+        .completion_retry(Duration::from_millis(200))
+        .build(store.clone());
     let tenant = idem.scope("tenant-a");
     let run = unique("run");
+    let started = Instant::now();
     let err = tenant.run(call(&run, 500)).await.unwrap_err();
+    let took = started.elapsed();
+    let Error::CompletionFailed { attempts, .. } = &err else {
+        panic!("not a plain store error, which would say the body did not run: {err:?}");
+    };
+    assert!(*attempts > 1, "tried again: {err}");
     assert!(
-        matches!(err, Error::CompletionFailed { .. }),
-        "not a plain store error, which would say the body did not run: {err:?}"
+        took >= Duration::from_millis(200) && took < Duration::from_secs(2),
+        "{took:?}"
     );
     assert!(err.body_ran() && !err.is_store());
     assert!(!err.to_string().contains(&run), "no raw key in: {err}");
@@ -51,6 +61,22 @@ async fn a_store_failing_at_completion_says_the_body_ran() {
         "the unrecorded claim keeps the key until its lease lapses: {again:?}"
     );
     assert_eq!(effects(&run), 1, "the retry did not run the body again");
+}
+
+#[tokio::test]
+async fn a_store_blip_at_completion_is_ridden_out_and_the_call_is_fresh() {
+    let store = Arc::new(CountingStore::default());
+    store
+        .fail_completions_left
+        .store(3, std::sync::atomic::Ordering::SeqCst);
+    let idem = Idem::with_store(store.clone());
+    let tenant = idem.scope("tenant-a");
+    let run = unique("run");
+    let fresh = tenant.run(call(&run, 500)).await.expect("call");
+    assert!(fresh.is_fresh(), "{fresh:?}");
+    let replayed = tenant.run(call(&run, 500)).await.expect("call");
+    assert!(replayed.is_replayed(), "{replayed:?}");
+    assert_eq!(effects(&run), 1);
 }
 
 #[tokio::test]

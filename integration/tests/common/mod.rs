@@ -97,6 +97,8 @@ pub struct CountingStore {
     pub inner: MemoryStore,
     pub operations: AtomicUsize,
     pub fail_completions: std::sync::atomic::AtomicBool,
+    /// The next this many completions fail (a blip), then they pass again.
+    pub fail_completions_left: AtomicUsize,
     pub fail_renewals: std::sync::atomic::AtomicBool,
     pub fail_claims: AtomicUsize,
 }
@@ -128,7 +130,11 @@ impl Store for CountingStore {
     }
     fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
         self.tick();
-        if self.fail_completions.load(Ordering::SeqCst) {
+        let blip = self
+            .fail_completions_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if blip || self.fail_completions.load(Ordering::SeqCst) {
             return Box::pin(async { Err(down()) });
         }
         self.inner.complete(c)

@@ -380,3 +380,32 @@ async fn skipped_fields_do_not_change_the_fingerprint() {
     assert_eq!(changed.status(), 422);
     assert_eq!(server.runs(), 1);
 }
+
+#[tokio::test]
+async fn a_response_whose_recording_meets_a_store_blip_is_still_kept() {
+    let store = std::sync::Arc::new(crate::common::CountingStore::default());
+    store
+        .fail_completions_left
+        .store(3, std::sync::atomic::Ordering::SeqCst);
+    let idem = Idem::builder()
+        .lease(Duration::from_secs(10))
+        .build(store.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_on(idem, Duration::ZERO, ErrorBody::Problem, dir).await;
+    let key = key();
+    let first = server.create(Some(&key), 500, "sk_a").send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let first_body = first.bytes().await.unwrap();
+    // The three failed attempts were tried again until the response was recorded.
+    let again = server.create(Some(&key), 500, "sk_a").send().await.unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.bytes().await.unwrap(), first_body);
+    assert_eq!(server.charges().len(), 1);
+    assert_eq!(
+        store
+            .fail_completions_left
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+}

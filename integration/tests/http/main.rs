@@ -10,6 +10,9 @@
 //!
 //! The server and the helpers below are shared by the three.
 
+#[allow(dead_code)]
+#[path = "../common/mod.rs"]
+mod common;
 #[allow(dead_code, unreachable_pub)]
 #[path = "../../examples/payments_server.rs"]
 mod payments_server;
@@ -55,6 +58,16 @@ impl Server {
             .open(&url)
             .await
             .unwrap();
+        Server::start_on(idem, latency, errors, dir).await
+    }
+
+    /// The payments example on a runtime of the test's (`dir` lives as long as the server).
+    async fn start_on(
+        idem: Idem,
+        latency: Duration,
+        errors: ErrorBody,
+        dir: tempfile::TempDir,
+    ) -> Server {
         let payments = Payments::new(latency);
         let (addr, _) = serve(
             idem,
