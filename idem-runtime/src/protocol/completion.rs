@@ -228,8 +228,8 @@ mod tests {
     use idem_core::key::{IdempotencyKey, KeyPart};
     use idem_core::store::memory::MemoryStore;
     use idem_core::store::{
-        Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, RecordStatus, Renewal,
-        Store, StoreFuture, StoreHealth, UnixMillis,
+        Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
+        StoreHealth, UnixMillis,
     };
     use idem_core::{Error, Outcome, StoreError, StoreErrorKind};
 

@@ -10,7 +10,6 @@
 //!
 //! The server and the helpers below are shared by the three.
 
-#[allow(dead_code)]
 #[path = "../common/mod.rs"]
 mod common;
 #[allow(dead_code, unreachable_pub)]
