@@ -61,6 +61,7 @@
 //! | exactly once for writes to your own database | [Transactional tools](https://github.com/idem-rs/idem/blob/main/guide/src/transactional.md) |
 //! | MCP, rig, the retry executor and dead letters | [Agents](https://github.com/idem-rs/idem/blob/main/guide/src/agents.md) |
 //! | durable engines: keys from the run, resume windows | [Durable runs](https://github.com/idem-rs/idem/blob/main/guide/src/durable-runs.md) |
+//! | a duplicate that waits for the first call's result | [Duplicates that wait](https://github.com/idem-rs/idem/blob/main/guide/src/waiting.md) |
 //! | the `Idempotency-Key` layer and client | [HTTP](https://github.com/idem-rs/idem/blob/main/guide/src/http.md) |
 //! | the `idem` command, telemetry | [Operating](https://github.com/idem-rs/idem/blob/main/guide/src/operating.md) |
 //! | a failing store, fuzzing, a soak | [Testing your tools](https://github.com/idem-rs/idem/blob/main/guide/src/testing.md) |
@@ -350,6 +351,28 @@ pub mod __private {
 /// async fn set_status(entity: String) -> Result<(), String> { Ok(()) }
 /// ```
 ///
+/// # `wait = "5s"`
+///
+/// How long a call that finds its key held by a call still running waits for that call to
+/// finish (default: the runtime's [`IdemBuilder::wait`](crate::IdemBuilder::wait), none unless
+/// set). The duplicate a model or a worker sends while the first call runs then gets the first
+/// call's result as [`Outcome::Replayed`] (or its stored error) instead of
+/// [`Outcome::InFlight`]; the body still runs once. It works across processes: the waiting call
+/// watches the key (Postgres `LISTEN`/`NOTIFY`, Redis pub/sub, in-process notices; SQLite
+/// written by another process is polled with a backoff of 5 to 100 ms) and claims it again when
+/// the first settles it. If the first call released its key (an error that says nothing
+/// happened), one waiting call runs; if its process died, one takes it over once its lease
+/// lapses, as a retry would: never two bodies at once. Past `wait` the call answers
+/// `InFlight`. `wait = "0s"` turns a runtime default off for one tool.
+///
+/// ```
+/// # use idem::idempotent;
+/// #[idempotent(key = "run_id, step_id", mutating, wait = "10s")]
+/// async fn send_invoice(run_id: String, step_id: String, to: String) -> Result<u64, String> {
+///     Ok(1)
+/// }
+/// ```
+///
 /// # `transactional` and `wait = "2s"`
 ///
 /// For effects in the database that also holds idem's records (the Postgres store, feature
@@ -358,8 +381,8 @@ pub mod __private {
 /// `&mut sqlx::PgConnection` on the pool handed to `PostgresStore::use_sqlx`), and its claim, its writes and its recorded result commit in that one
 /// transaction. A crash, a cancellation or an error leaves all of it or none of it: exactly once,
 /// with no lease, no orphan and no `unknown` state ([`transactional`] has the whole table). A
-/// concurrent call of the same key waits for the first to commit, at most `wait` (default 2 s),
-/// then replays; past it, it answers [`Outcome::InFlight`]. On another store the call is refused
+/// concurrent call of the same key waits for the first to commit (on the row's lock, not a
+/// notice), at most `wait` (default 2 s, not the runtime's default), then replays; past it, it answers [`Outcome::InFlight`]. On another store the call is refused
 /// before it runs, and the startup [`audit`] reports the tool.
 ///
 /// ```

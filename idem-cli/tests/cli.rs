@@ -117,6 +117,7 @@ async fn fill(url: &str) {
                 result: result.as_bytes(),
                 now: created,
                 ttl,
+                notify: false,
             })
             .await
             .expect("complete");
@@ -282,6 +283,7 @@ async fn every_subcommand(url: &str, backend: &str) {
             result: &bytes,
             now: now(),
             ttl: Duration::from_secs(3600),
+            notify: false,
         })
         .await
         .unwrap();

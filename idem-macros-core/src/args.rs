@@ -83,7 +83,7 @@ pub struct Args {
     pub check: Option<(Ident, syn::Path)>,
     /// `transactional`: the claim, the body's writes and the record in one transaction.
     pub transactional: Option<Ident>,
-    /// `wait = "…"`: how long a transactional call waits for a concurrent one of its key.
+    /// `wait = "…"`: how long a call waits for a concurrent one of its key to finish.
     pub wait: Option<(Ident, DurationArg)>,
     /// The keywords in the order they were written.
     pub order: Vec<String>,

@@ -81,11 +81,11 @@ fn registration(checked: &Checked) -> TokenStream {
             if keyed.on_orphan == OnOrphan::Unknown {
                 info.extend(quote!(.on_orphan(::idem::__private::OrphanPolicy::Unknown)));
             }
-            if let Some(wait) = keyed.transactional {
+            if keyed.transactional {
                 info.extend(quote!(.transactional()));
-                if let Some(ms) = wait {
-                    info.extend(quote!(.wait_ms(#ms)));
-                }
+            }
+            if let Some(ms) = keyed.wait_ms {
+                info.extend(quote!(.wait_ms(#ms)));
             }
         }
     }

@@ -127,6 +127,27 @@ mod tests {
     }
 
     #[test]
+    fn any_keyed_tool_may_wait_and_a_natural_one_may_not() {
+        let item = quote!(
+            async fn send(run_id: String) -> Result<i64, E> {
+                Ok(1)
+            }
+        );
+        let attr = quote!(key = "run_id", mutating, wait = "10s");
+        assert_eq!(check(attr.clone(), item.clone()), Ok(()));
+        let out = expand(attr, item.clone()).to_string();
+        assert!(
+            out.contains(". wait_ms (10000u64)") && !out.contains(". transactional ()"),
+            "{out}"
+        );
+        let natural = check(quote!(natural, wait = "10s"), item).unwrap_err();
+        assert!(
+            natural.contains("`wait` does not apply to `natural` tools"),
+            "{natural}"
+        );
+    }
+
+    #[test]
     fn a_transactional_tool_takes_its_transaction_first_and_callers_never_pass_it() {
         let item = quote!(
             async fn order(

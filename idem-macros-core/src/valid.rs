@@ -30,8 +30,10 @@ pub struct Keyed {
     pub skip: Vec<FieldPath>,
     /// The state check that reconciles orphans.
     pub check: Option<syn::Path>,
-    /// `transactional`, with its declared `wait` in milliseconds, if any.
-    pub transactional: Option<Option<u64>>,
+    /// `transactional`.
+    pub transactional: bool,
+    /// The declared `wait`, in milliseconds.
+    pub wait_ms: Option<u64>,
 }
 
 pub enum Form {
@@ -432,10 +434,8 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
                     .map(|s| s.1.paths.clone())
                     .unwrap_or_default(),
                 check: args.check.as_ref().map(|c| c.1.clone()),
-                transactional: args
-                    .transactional
-                    .as_ref()
-                    .map(|_| args.wait.as_ref().map(|w| w.1.millis)),
+                transactional: args.transactional.is_some(),
+                wait_ms: args.wait.as_ref().map(|w| w.1.millis),
             }))
         }
         (None, None) => {
@@ -462,16 +462,9 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
 }
 
 /// A transactional tool's claim commits with its writes: it holds no lease, leaves no orphan and
-/// nothing unknown, so the options about those do not apply; `wait` applies to it alone.
+/// nothing unknown, so the options about those do not apply.
 fn check_transactional(args: &Args, errors: &mut Errors) {
     if args.transactional.is_none() {
-        if let Some((wait, _)) = &args.wait {
-            errors.push(
-                wait.span(),
-                "`wait` applies to `transactional` tools (how long a call waits for a \
-                 concurrent one of its key to commit); add `transactional`, or remove `wait`",
-            );
-        }
         return;
     }
     if let Some((check, _)) = &args.check {

@@ -64,6 +64,8 @@ pub(super) struct Sql {
     /// The whole decision table: the schema's function `idem_claim`.
     pub(super) claim: Statement,
     pub(super) complete: Statement,
+    /// The completion of a tool that declares `wait`: it also sends the schema's notice.
+    pub(super) complete_notify: Statement,
     /// The completion of a transactional call: an error (division by zero) when the claim's row
     /// is not there to complete, so that the `COMMIT` sent with it rolls back.
     pub(super) complete_or_abort: Statement,
@@ -82,6 +84,11 @@ pub(super) struct Sql {
 impl Sql {
     pub(super) fn new(schema: &str) -> Self {
         let t = format!("\"{schema}\".idem_records");
+        // The notice names the key in hex (see `notices.rs`); the channel is a literal.
+        let notify = format!(
+            "pg_notify('{}', encode(key, 'hex'))",
+            crate::notices::channel(schema)
+        );
         Sql {
             server_time: statement(
                 "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint".into(),
@@ -138,6 +145,21 @@ impl Sql {
                     Type::TEXT,
                 ],
             ),
+            complete_notify: statement(
+                format!(
+                    "WITH done AS (UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
+                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
+                 RETURNING key) SELECT {notify} FROM done"
+                ),
+                &[
+                    Type::TEXT,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::TEXT,
+                ],
+            ),
             complete_or_abort: statement(
                 format!(
                     "WITH done AS (UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
@@ -163,8 +185,8 @@ impl Sql {
             ),
             release: statement(
                 format!(
-                    "DELETE FROM {t} WHERE tenant = $1 AND key = $2 AND token = $3 \
-                 AND status = 'in_flight' RETURNING 1"
+                    "WITH gone AS (DELETE FROM {t} WHERE tenant = $1 AND key = $2 AND token = $3 \
+                 AND status = 'in_flight' RETURNING key) SELECT {notify} FROM gone"
                 ),
                 FENCED_TYPES,
             ),

@@ -52,13 +52,14 @@ use idem_core::key::IdempotencyKey;
 use idem_core::store::replay_cache::ReplayCache;
 use idem_core::store::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
-    StoreHealth, UnixMillis, after,
+    StoreHealth, UnixMillis, Watch, after,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
 mod admin;
 mod claim;
 mod driver;
+mod notices;
 mod options;
 mod schema;
 #[cfg(feature = "sqlx")]
@@ -82,6 +83,7 @@ pub use self::store::PostgresStore;
 use self::driver::{
     BACKEND, connection_broke, corrupt, db_millis, db_time, orphans_code, pg_error, pool_error,
 };
+use self::notices::{Connect, Listener, channel};
 use self::store::{Encryption, Inner, READ_FIRST_FROM};
 pub use self::tls::{SslMode, TlsOptions};
 
@@ -113,6 +115,12 @@ impl PostgresStore {
             SslMode::Prefer => Encryption::IfOffered(connector.clone()),
             SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => Encryption::Always,
         };
+        // A transaction pooler cannot hold a `LISTEN`: its callers poll.
+        let listen = (!options.transaction_pooler).then(|| Connect {
+            config: options.config.clone(),
+            connector: connector.clone(),
+            timeout: options.response_timeout,
+        });
         let manager = Manager::from_config(
             options.config.clone(),
             connector,
@@ -132,7 +140,7 @@ impl PostgresStore {
             .map_err(|e| {
                 StoreError::with_source(BACKEND, StoreErrorKind::Other, "building the pool", e)
             })?;
-        Self::over(pool, &options, encryption).await
+        Self::over(pool, &options, encryption, listen).await
     }
 
     /// A store over a pool you already have (its connections, TLS and timeouts are yours):
@@ -158,7 +166,7 @@ impl PostgresStore {
     /// # let _ = store; Ok(()) }
     /// ```
     pub async fn from_pool(pool: Pool, options: PostgresOptions) -> Result<Self, StoreError> {
-        Self::over(pool, &options, Encryption::Unknown).await
+        Self::over(pool, &options, Encryption::Unknown, None).await
     }
 
     /// The store over `pool`, its schema created or checked.
@@ -166,6 +174,7 @@ impl PostgresStore {
         pool: Pool,
         options: &PostgresOptions,
         encryption: Encryption,
+        listen: Option<Connect>,
     ) -> Result<Self, StoreError> {
         let store = PostgresStore {
             inner: std::sync::Arc::new(Inner {
@@ -176,6 +185,7 @@ impl PostgresStore {
                 encryption,
                 transaction_pooler: options.transaction_pooler,
                 response_timeout: options.response_timeout,
+                listener: Listener::new(channel(&options.schema), listen),
                 #[cfg(feature = "sqlx")]
                 sqlx: std::sync::RwLock::new(None),
             }),
@@ -333,10 +343,15 @@ impl Store for PostgresStore {
             let status = c.status.as_str();
             let params: [&(dyn ToSql + Sync); 6] =
                 [&c.tenant, &key, &token, &c.result, &expires_at, &status];
-            let applied = self
-                .query("complete", &self.inner.sql.complete, &params)
-                .await?;
+            let sql = &self.inner.sql;
+            let statement = if c.notify {
+                &sql.complete_notify
+            } else {
+                &sql.complete
+            };
+            let applied = self.query("complete", statement, &params).await?;
             if !applied.is_empty() {
+                self.inner.listener.settled(&c.key);
                 return Ok(Fenced::Applied);
             }
             // Nothing changed: either another owner holds the key, or an earlier attempt whose
@@ -376,15 +391,19 @@ impl Store for PostgresStore {
         token: FencingToken,
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let (key, token) = (&key.as_bytes()[..], token.get() as i64);
+            let (bytes, token) = (&key.as_bytes()[..], token.get() as i64);
             let deleted = self
-                .query("release", &self.inner.sql.release, &[&tenant, &key, &token])
+                .query(
+                    "release",
+                    &self.inner.sql.release,
+                    &[&tenant, &bytes, &token],
+                )
                 .await?;
-            Ok(if deleted.is_empty() {
-                Fenced::Lost
-            } else {
-                Fenced::Applied
-            })
+            if deleted.is_empty() {
+                return Ok(Fenced::Lost);
+            }
+            self.inner.listener.settled(&key);
+            Ok(Fenced::Applied)
         })
     }
 
@@ -424,6 +443,11 @@ impl Store for PostgresStore {
 
     fn as_any(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
         Some(self)
+    }
+
+    /// Announced once the store's listener `LISTEN`s (see the `notices` module).
+    fn watch<'a>(&'a self, _tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Watch> {
+        Box::pin(async move { Ok(self.inner.listener.watch(key).await) })
     }
 }
 
@@ -539,6 +563,7 @@ mod tests {
             &sql.claim_read,
             &sql.claim,
             &sql.complete,
+            &sql.complete_notify,
             &sql.complete_or_abort,
             &sql.renew,
             &sql.release,
@@ -554,6 +579,18 @@ mod tests {
             let prepared = client.prepare(&statement.sql).await.expect("prepare");
             assert_eq!(prepared.params(), statement.types, "{}", statement.sql);
         }
+    }
+
+    /// Two stores on one schema are two processes: the server's notices carry settlements.
+    #[tokio::test]
+    async fn settlements_in_another_process_wake_watches_by_notice() {
+        let Some(url) = idem_core::store::conformance::test_server_url("IDEM_TEST_POSTGRES_URL")
+        else {
+            return;
+        };
+        let here = PostgresStore::open_url(&url).await.expect("open");
+        let there = PostgresStore::open_url(&url).await.expect("open");
+        idem_core::store::conformance::settlements_elsewhere_wake_watches(&here, &there).await;
     }
 
     mod conformance {

@@ -10,6 +10,7 @@ use idem_core::store::read_first::{ONE, ReadFirst};
 use idem_core::store::replay_cache::ReplayCache;
 
 use crate::claim::Sql;
+use crate::notices::Listener;
 use crate::tls;
 
 /// The shared PostgreSQL [`Store`](idem_core::store::Store). Cheap to clone; clones share the pool.
@@ -35,6 +36,8 @@ pub(crate) struct Inner {
     pub(crate) transaction_pooler: bool,
     /// See [`PostgresOptions::response_timeout`](crate::PostgresOptions::response_timeout).
     pub(crate) response_timeout: Duration,
+    /// The settlement notices: what wakes the callers waiting for a key.
+    pub(crate) listener: Listener,
     /// The sqlx pool of transactional tools that take a sqlx connection
     /// ([`PostgresStore::use_sqlx`]).
     #[cfg(feature = "sqlx")]

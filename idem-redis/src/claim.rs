@@ -10,9 +10,10 @@ use super::driver::{
 use super::record::{SCHEMA_VERSION, decode_record, layout};
 use super::store::RedisStore;
 use idem_core::key::IdempotencyKey;
+use idem_core::store::watch::notice_payload;
 use idem_core::store::{
     Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Orphans, Record, RecordStatus,
-    Renewal, Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
+    Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch, after, decide,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -54,7 +55,8 @@ return {0}
 ";
 
 /// 1: applied (now, or by an earlier delivery of this very completion), 0: lost.
-/// ARGV: token, result, expiry, TTL in ms, the status to settle as (`c` or `u`).
+/// ARGV: token, result, expiry, TTL in ms, the status to settle as (`c` or `u`), the channel
+/// to announce the settlement on (empty: none) and the notice (the key in hex).
 pub(super) const COMPLETE: &str = r"
 local k = KEYS[1]
 local v = redis.call('GET', k)
@@ -66,6 +68,7 @@ if string.sub(v, 33, 33) ~= 'i' then
 end
 redis.call('SET', k, string.sub(v, 1, 32) .. ARGV[5] .. ARGV[3] .. string.sub(v, 50, head)
   .. ARGV[2], 'PX', ARGV[4])
+if ARGV[6] ~= '' then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
 return 1
 ";
 
@@ -83,12 +86,14 @@ end
 return 1
 ";
 
-/// 1: deleted, 0: lost. ARGV: token.
+/// 1: deleted, 0: lost. ARGV: token, the channel to announce the release on (empty: none) and
+/// the notice (the key in hex).
 pub(super) const RELEASE: &str = r"
 local k = KEYS[1]
 local v = redis.call('GET', k)
 if v and string.sub(v, 33, 33) == 'i' and string.sub(v, 82, 100) == ARGV[1] then
   redis.call('DEL', k)
+  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
   return 1
 end
 return 0
@@ -275,6 +280,8 @@ impl Store for RedisStore {
             let token = token_arg(c.token);
             let expires_at = time_arg(after(c.now, c.ttl));
             let ttl = millis_arg(c.ttl);
+            let channel = if c.notify { self.notices.channel() } else { "" };
+            let notice = notice_payload(&c.key);
             let applied: i64 = self
                 .invoke(
                     "complete",
@@ -289,12 +296,15 @@ impl Store for RedisStore {
                             RecordStatus::Unknown => b"u",
                             RecordStatus::Completed | RecordStatus::InFlight => b"c",
                         },
+                        channel.as_bytes(),
+                        notice.as_bytes(),
                     ],
                 )
                 .await?;
             if applied != 1 {
                 return Ok(Fenced::Lost);
             }
+            self.notices.settled(&c.key);
             // A completion a failover loses would leave the claim in flight, and a retry would
             // take it over once its lease lapsed and run the body again.
             self.replicated("complete", c.tenant, &c.key, c.token, true)
@@ -336,19 +346,24 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
             let token = token_arg(token);
+            let notice = notice_payload(&key);
             let deleted: i64 = self
                 .invoke(
                     "release",
                     &self.scripts.release,
                     &[&self.record_key(tenant, &key)],
-                    &[token.as_bytes()],
+                    &[
+                        token.as_bytes(),
+                        self.notices.channel().as_bytes(),
+                        notice.as_bytes(),
+                    ],
                 )
                 .await?;
-            Ok(if deleted == 1 {
-                Fenced::Applied
-            } else {
-                Fenced::Lost
-            })
+            if deleted != 1 {
+                return Ok(Fenced::Lost);
+            }
+            self.notices.settled(&key);
+            Ok(Fenced::Applied)
         })
     }
 
@@ -443,6 +458,11 @@ impl Store for RedisStore {
                 detail,
             })
         })
+    }
+
+    /// Announced once the store's subscriber is subscribed (see the `notices` module).
+    fn watch<'a>(&'a self, _tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Watch> {
+        Box::pin(async move { Ok(self.notices.watch(key).await) })
     }
 }
 

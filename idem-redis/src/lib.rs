@@ -79,6 +79,7 @@ mod admin;
 mod claim;
 mod connection;
 mod driver;
+mod notices;
 mod options;
 mod record;
 mod store;
@@ -92,6 +93,7 @@ pub use self::options::RedisOptions;
 pub use self::store::RedisStore;
 
 use self::driver::{BACKEND, again_if_broken, corrupt, redis_error, token_arg};
+use self::notices::Subscriber;
 use self::store::{Scripts, Wait};
 
 use self::connection::Connection;
@@ -133,6 +135,7 @@ impl RedisStore {
                 e,
             )
         };
+        let mut subscriber = None;
         let conn = if options.cluster {
             let mut builder = redis::cluster::ClusterClient::builder(options.nodes.clone())
                 .tcp_settings(connection::tcp_settings())
@@ -151,13 +154,14 @@ impl RedisStore {
                 None => redis::Client::open(server),
             }
             .map_err(malformed)?;
+            subscriber = Some((client.clone(), options.timeout));
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(options.timeout))
                 .set_response_timeout(Some(options.timeout));
             Connection::to_server(client, config).await
         }
         .map_err(|e| first_connection_error(OP, e, options.tls()))?;
-        Self::over(conn, &options, Some(options.tls())).await
+        Self::over(conn, &options, Some(options.tls()), subscriber).await
     }
 
     /// A store over a connection manager you already have (its server, TLS, timeouts and
@@ -181,7 +185,7 @@ impl RedisStore {
         conn: ConnectionManager,
         options: &RedisOptions,
     ) -> Result<Self, StoreError> {
-        Self::over(Connection::given_manager(conn), options, None).await
+        Self::over(Connection::given_manager(conn), options, None, None).await
     }
 
     /// A store over a Redis Cluster connection you already have, as
@@ -190,13 +194,14 @@ impl RedisStore {
         conn: redis::cluster_async::ClusterConnection,
         options: &RedisOptions,
     ) -> Result<Self, StoreError> {
-        Self::over(Connection::given_cluster(conn), options, None).await
+        Self::over(Connection::given_cluster(conn), options, None, None).await
     }
 
     async fn over(
         conn: Connection,
         options: &RedisOptions,
         encrypted: Option<bool>,
+        subscriber: Option<(redis::Client, std::time::Duration)>,
     ) -> Result<Self, StoreError> {
         const OP: &str = "opening the store";
         // INFO may be forbidden (managed services): then every claim is the script.
@@ -222,6 +227,10 @@ impl RedisStore {
                 timeout: options.wait_timeout,
             },
             encrypted,
+            notices: std::sync::Arc::new(Subscriber::new(
+                notices::channel(&options.prefix),
+                subscriber,
+            )),
         };
         let found = store.layout_version(OP).await?;
         if found > SCHEMA_VERSION {
@@ -475,6 +484,16 @@ mod tests {
         }
         idem_core::store_conformance_tests!(maybe: store());
         idem_core::admin_conformance_tests!(maybe: store());
+
+        /// Two stores on one prefix are two processes: the server's pub/sub carries
+        /// settlements.
+        #[tokio::test]
+        async fn settlements_in_another_process_wake_watches_by_notice() {
+            let (Some(here), Some(there)) = (store().await, store().await) else {
+                return;
+            };
+            idem_core::store::conformance::settlements_elsewhere_wake_watches(&here, &there).await;
+        }
 
         #[tokio::test]
         async fn the_plain_claim_is_used_when_the_server_takes_it() {

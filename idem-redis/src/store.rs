@@ -9,6 +9,7 @@ use idem_core::store::replay_cache::ReplayCache;
 use redis::Script;
 
 use crate::connection::Connection;
+use crate::notices::Subscriber;
 
 /// The shared Redis [`Store`](idem_core::store::Store). Cheap to clone; clones share the connection.
 #[derive(Clone)]
@@ -23,6 +24,8 @@ pub struct RedisStore {
     pub(crate) wait: Wait,
     /// Whether the connection is encrypted, when the store made it.
     pub(crate) encrypted: Option<bool>,
+    /// The settlement notices: what wakes the callers waiting for a key.
+    pub(crate) notices: std::sync::Arc<Subscriber>,
 }
 
 /// The replicas a claim and a completion wait for (`wait_replicas`, `wait_timeout_ms`).

@@ -17,6 +17,9 @@ pub const COMPLETIONS_LATE: &str = "idem_completions_late_total";
 /// Every completion that did not land because of the store (given up, or fenced out after a
 /// failed attempt), labelled by `tool`: a body ran whose result is not recorded.
 pub const COMPLETIONS_LOST: &str = "idem_completions_lost_total";
+/// Every call that found its key held by a live call and waited for it (`wait`), labelled by
+/// `tool`; how the call then ended is its `outcome` in [`CALLS`].
+pub const WAITS: &str = "idem_waits_total";
 
 /// How a keyed call ended: its `outcome` label (see the module's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -285,6 +285,7 @@ async fn dead_letter(
         lease: Duration::from_secs(30),
         ttl: DEAD_LETTER_TTL,
         orphans: Orphans::TakeOver,
+        wait: Duration::ZERO,
     };
     match claim(idem, &intent).await? {
         Claiming::Acquired(claimed) => {

@@ -49,6 +49,7 @@ struct Inner {
     max_argument_bytes: usize,
     renew_leases: bool,
     completion_retry: Option<Duration>,
+    wait: Duration,
     clock: Arc<dyn Clock>,
 }
 
@@ -81,6 +82,7 @@ impl Idem {
             max_argument_bytes: DEFAULT_MAX_ARGUMENT_BYTES,
             renew_leases: true,
             completion_retry: None,
+            wait: Duration::ZERO,
             clock: Arc::new(SystemClock),
         }
     }
@@ -180,6 +182,12 @@ impl Idem {
         self.inner.completion_retry.map_or(lease, |d| d.min(lease))
     }
 
+    /// How long a call of a keyed tool that declares no `wait` waits for a concurrent call of
+    /// its key ([`IdemBuilder::wait`]; zero: it answers `InFlight` at once).
+    pub fn default_wait(&self) -> Duration {
+        self.inner.wait
+    }
+
     /// The largest result a record keeps.
     pub fn max_result_bytes(&self) -> usize {
         self.inner.max_result_bytes
@@ -242,6 +250,7 @@ pub struct IdemBuilder {
     max_argument_bytes: usize,
     renew_leases: bool,
     completion_retry: Option<Duration>,
+    wait: Duration,
     clock: Arc<dyn Clock>,
 }
 
@@ -331,6 +340,22 @@ impl IdemBuilder {
         self
     }
 
+    /// How long a call that finds its key held by a live call waits for that call to finish,
+    /// for keyed tools that declare no `wait = "…"` of their own (none unless set: such a call
+    /// answers `InFlight` at once).
+    ///
+    /// A waiting call watches the key (Postgres `LISTEN`, Redis pub/sub, in-process notices;
+    /// SQLite written by another process is polled with a backoff) and claims it again when
+    /// the holder settles it: it replays the holder's result as `Replayed` (or its stored
+    /// error), runs if the holder released the key, and takes over as a retry would if the
+    /// holder's lease lapses (the store lets one caller do so, never two). Past the wait it
+    /// answers `InFlight`. The completions of tools that wait are announced to the waiting
+    /// callers of every process. Transactional tools keep their own wait (2 s unless declared).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
     /// The clock (the system clock unless set).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -356,6 +381,7 @@ impl IdemBuilder {
                 max_argument_bytes: self.max_argument_bytes,
                 renew_leases: self.renew_leases,
                 completion_retry: self.completion_retry,
+                wait: self.wait,
                 clock: self.clock,
             }),
         }

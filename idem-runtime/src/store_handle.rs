@@ -7,7 +7,7 @@ use std::sync::Arc;
 use idem_core::IdempotencyKey;
 use idem_core::store::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
-    StoreHealth, UnixMillis,
+    StoreHealth, UnixMillis, Watch,
 };
 
 /// The store an [`Idem`](crate::Idem) runtime calls: every [`Store`] operation (it derefs to
@@ -83,5 +83,8 @@ impl Store for IdemStore {
     }
     fn as_any(&self) -> Option<&(dyn Any + Send + Sync)> {
         self.0.as_any()
+    }
+    fn watch<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Watch> {
+        self.0.watch(tenant, key)
     }
 }

@@ -13,6 +13,9 @@
 //!   (`idem_completions_lost_total{tool}`): completions sent again after a store error, those
 //!   that then landed, and those that did not (the body ran, its result is not recorded). The
 //!   HTTP layer's recordings count under the tool `http`.
+//! - [`WAITS`] (`idem_waits_total{tool}`): calls that found their key held by a live call and
+//!   waited for it (`wait`); the call's `outcome` says how the wait ended (`replayed`,
+//!   `fresh` after a release or a takeover, `in_flight` past the wait).
 //!
 //! | `outcome` | the call |
 //! |---|---|
@@ -47,7 +50,7 @@ use idem_core::Outcome;
 use idem_core::key::IdempotencyKey;
 
 pub use crate::metric_keys::{
-    BODY_RUNS, CALL_DURATION, CALLS, COMPLETION_RETRIES, COMPLETIONS_LATE, COMPLETIONS_LOST,
+    BODY_RUNS, CALL_DURATION, CALLS, COMPLETION_RETRIES, COMPLETIONS_LATE, COMPLETIONS_LOST, WAITS,
 };
 
 /// Describes idem's metrics (unit and help text) to the installed `metrics` recorder.
@@ -81,6 +84,16 @@ pub fn describe() {
         Unit::Count,
         "Completions that did not land because of the store (the body ran), by tool"
     );
+    metrics::describe_counter!(
+        WAITS,
+        Unit::Count,
+        "Calls that found their key held by a live call and waited for it, by tool"
+    );
+}
+
+/// A call of `tool` that found its key held and waits for the holder.
+pub(crate) fn waits(tool: &'static str) {
+    metrics::counter!(WAITS, "tool" => tool).increment(1);
 }
 
 /// Reports a completion that met the store's errors: its `retries` (the attempts after the

@@ -15,6 +15,7 @@ use super::keeper::{Keeper, KeeperCell};
 use super::options::SqliteOptions;
 use idem_core::StoreError;
 use idem_core::store::Fenced;
+use idem_core::store::Watchers;
 use idem_core::store::read_first::ReadFirst;
 use idem_core::store::replay_cache::ReplayCache;
 
@@ -34,6 +35,8 @@ pub(super) struct Shared {
     pub(super) replays: ReplayCache,
     /// Whether a claim reads a snapshot before it queues, as the claims lately were answered.
     pub(super) read_first: ReadFirst,
+    /// Callers of this store waiting for a key to settle: woken by its completions and releases.
+    pub(super) watchers: Watchers,
 }
 
 /// Writes waiting for the next commit, and whether a leader is at work.

@@ -46,7 +46,7 @@ use idem_core::store::read_first::{ONE, ReadFirst};
 use idem_core::store::replay_cache::ReplayCache;
 use idem_core::store::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
-    StoreHealth, UnixMillis, after, decide,
+    StoreHealth, UnixMillis, Watch, Watchers, after, decide,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -135,6 +135,7 @@ impl SqliteStore {
                 keeper,
                 replays: ReplayCache::new(options.replay_cache),
                 read_first: ReadFirst::new(READ_FIRST_FROM),
+                watchers: Watchers::new(),
                 options,
             }),
         })
@@ -234,7 +235,11 @@ impl Store for SqliteStore {
                 result: c.result.to_vec(),
                 expires_at: after(c.now, c.ttl),
             };
-            self.shared.write_fenced(op).await
+            let fenced = self.shared.write_fenced(op).await?;
+            if fenced == Fenced::Applied {
+                self.shared.watchers.settled(&c.key);
+            }
+            Ok(fenced)
         })
     }
 
@@ -262,7 +267,11 @@ impl Store for SqliteStore {
                 key,
                 token,
             };
-            self.shared.write_fenced(op).await
+            let fenced = self.shared.write_fenced(op).await?;
+            if fenced == Fenced::Applied {
+                self.shared.watchers.settled(&key);
+            }
+            Ok(fenced)
         })
     }
 
@@ -288,6 +297,12 @@ impl Store for SqliteStore {
                 }
             })
         })
+    }
+
+    /// Woken by this store's own completions and releases; another process writing the file
+    /// is not announced (the caller polls).
+    fn watch<'a>(&'a self, _tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Watch> {
+        Box::pin(async move { Ok(self.shared.watchers.watch(key, false)) })
     }
 
     fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
@@ -428,6 +443,7 @@ mod tests {
             result: b"{\"ok\":1}",
             now: 1_000,
             ttl: Duration::from_secs(3_600),
+            notify: false,
         };
         assert_eq!(store.complete(completion).await.unwrap(), Fenced::Applied);
         let replay = store.claim(request(n)).await.unwrap();

@@ -9,11 +9,16 @@
 //! (the model never sees the key), and a read-only `list_charges`, the ledger. Every answer is
 //! structured content with `status` (`ok`, `in_flight`, `mismatch`, …) and `replayed`.
 //!
+//! A call that comes again while the first still runs (the host timed out and retried, two
+//! sessions sent the same step) waits for the first, up to 10 s (`IdemBuilder::wait`), and
+//! answers its result with `replayed: true` instead of `in_flight`.
+//!
 //! ```text
-//! cargo run -p idem-integration --example mcp_server -- [--store URL] [--http ADDR] [--metrics ADDR]
+//! cargo run -p idem-integration --example mcp_server -- [--store URL] [--http ADDR] [--metrics ADDR] [--latency MS]
 //! ```
 //!
 //! - `--store URL`: the idem store (default `sqlite://mcp-idem.db`);
+//! - `--latency MS`: how long the payment provider takes to charge (default 0);
 //! - `--http ADDR`: serve MCP over streamable HTTP at `http://ADDR/mcp` instead of stdio;
 //! - `--metrics ADDR`: serve idem's metrics (`idem_calls_total{tool, outcome}`, …) for Prometheus
 //!   at `http://ADDR/metrics`.
@@ -22,6 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use idem::mcp::MetaKeys;
 use idem::{Idem, idempotent};
@@ -92,6 +98,8 @@ struct ToolError(String);
 /// The server: its ledger, its roster and its statuses.
 #[derive(Clone)]
 struct Crew {
+    /// How long the provider takes to charge.
+    latency: Duration,
     ledger: Arc<Mutex<Vec<Payment>>>,
     roster: Arc<Mutex<BTreeSet<(String, String)>>>,
     statuses: Arc<Mutex<BTreeMap<String, String>>>,
@@ -117,8 +125,9 @@ impl Crew {
 }
 
 impl Crew {
-    /// The provider's side effect: one line in the ledger.
-    fn charge(&self, customer: String, amount_cents: u64, currency: String) -> Payment {
+    /// The provider's side effect: one line in the ledger, after its latency.
+    async fn charge(&self, customer: String, amount_cents: u64, currency: String) -> Payment {
+        tokio::time::sleep(self.latency).await;
         let mut ledger = self.ledger.lock().unwrap();
         let payment = Payment {
             id: format!("pay_{}", ledger.len() + 1),
@@ -133,8 +142,9 @@ impl Crew {
 
 #[tool_router]
 impl Crew {
-    fn new() -> Self {
+    fn new(latency: Duration) -> Self {
         Crew {
+            latency,
             ledger: Arc::default(),
             roster: Arc::default(),
             statuses: Arc::default(),
@@ -161,7 +171,7 @@ impl Crew {
         if p.amount_cents == 0 {
             return Err(ToolError("the amount must be positive".into()));
         }
-        Ok(self.charge(p.customer, p.amount_cents, p.currency))
+        Ok(self.charge(p.customer, p.amount_cents, p.currency).await)
     }
 
     /// Charges a customer for one step of an agent run.
@@ -185,7 +195,7 @@ impl Crew {
         // The run and step only name the call; the charge is the arguments'.
         let _ = meta;
         let p = params.0;
-        Ok(self.charge(p.customer, p.amount_cents, p.currency))
+        Ok(self.charge(p.customer, p.amount_cents, p.currency).await)
     }
 
     /// Puts a crewmate on a shift.
@@ -238,14 +248,20 @@ impl ServerHandler for Crew {}
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut store, mut http, mut metrics) = ("sqlite://mcp-idem.db".to_owned(), None, None);
+    let mut latency = Duration::ZERO;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
             ("--store", Some(url)) => store = url,
             ("--http", Some(addr)) => http = Some(addr),
             ("--metrics", Some(addr)) => metrics = Some(addr),
+            ("--latency", Some(ms)) if ms.parse::<u64>().is_ok() => {
+                latency = Duration::from_millis(ms.parse()?);
+            }
             _ => {
-                eprintln!("usage: mcp_server [--store URL] [--http ADDR] [--metrics ADDR]");
+                eprintln!(
+                    "usage: mcp_server [--store URL] [--http ADDR] [--metrics ADDR] [--latency MS]"
+                );
                 std::process::exit(2);
             }
         }
@@ -253,7 +269,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(addr) = metrics {
         serve_metrics(&addr).await?;
     }
-    let idem = Idem::open(&store).await?;
+    // A call whose key is in flight waits for the first call's result (a host that retried
+    // after a timeout gets the charge, not `in_flight`).
+    let idem = Idem::builder()
+        .wait(Duration::from_secs(10))
+        .open(&store)
+        .await?;
     // The startup audit (and, with IDEM_REPORT set, the tool report), on stderr: stdout is MCP's.
     let audit = idem::audit(&idem).await;
     eprintln!("mcp_server: {audit}");
@@ -262,7 +283,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     // Every call of this server runs as the one tenant of its operator.
     idem.install("mcp-server");
-    let crew = Crew::new();
+    let crew = Crew::new(latency);
     if let Some(addr) = http {
         return serve_http(crew, &addr).await;
     }

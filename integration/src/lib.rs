@@ -25,6 +25,7 @@ doctests! {
     GuideTransactional => "../../guide/src/transactional.md",
     GuideAgents => "../../guide/src/agents.md",
     GuideDurableRuns => "../../guide/src/durable-runs.md",
+    GuideWaiting => "../../guide/src/waiting.md",
     GuideHttp => "../../guide/src/http.md",
     GuideOperating => "../../guide/src/operating.md",
     GuideTesting => "../../guide/src/testing.md",

@@ -160,6 +160,8 @@ async fn streamable_http_keys_from_meta_and_prometheus_metrics() {
             "127.0.0.1:0",
             "--metrics",
             "127.0.0.1:0",
+            "--latency",
+            "300",
         ])
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -208,7 +210,7 @@ async fn streamable_http_keys_from_meta_and_prometheus_metrics() {
     client.cancel().await.unwrap();
 
     // Another session (a restarted host) retries the same step: replayed, not charged again.
-    let client = ().serve(StreamableHttpClientTransport::from_uri(mcp)).await.unwrap();
+    let client = ().serve(StreamableHttpClientTransport::from_uri(mcp.clone())).await.unwrap();
     let again = client.call_tool(step_call(Some(meta))).await.unwrap();
     let again = again.structured_content.unwrap();
     assert_eq!(again["replayed"], true, "{again}");
@@ -231,6 +233,26 @@ async fn streamable_http_keys_from_meta_and_prometheus_metrics() {
         .await
         .unwrap_err();
     assert!(wrong.to_string().contains("_meta.step_id"), "{wrong}");
+    // Two sessions send one step at once (a host retried while the first call ran, 300 ms at the
+    // provider): the second waits for the first, and both answer its one charge.
+    let other = ().serve(StreamableHttpClientTransport::from_uri(mcp)).await.unwrap();
+    let meta = json!({"run_id": "run-42", "step_id": "10"});
+    let (a, b) = tokio::join!(
+        client.call_tool(step_call(Some(meta.clone()))),
+        other.call_tool(step_call(Some(meta)))
+    );
+    let (a, b) = (
+        a.unwrap().structured_content.unwrap(),
+        b.unwrap().structured_content.unwrap(),
+    );
+    assert_eq!(
+        (&a["status"], &b["status"]),
+        (&json!("ok"), &json!("ok")),
+        "{a} {b}"
+    );
+    assert_eq!(a["value"], b["value"], "one charge");
+    assert_ne!(a["replayed"], b["replayed"], "one ran, one waited: {a} {b}");
+    other.cancel().await.unwrap();
     let charges = client
         .call_tool(CallToolRequestParams::new("list_charges"))
         .await
@@ -238,8 +260,8 @@ async fn streamable_http_keys_from_meta_and_prometheus_metrics() {
     let text = serde_json::to_value(&charges.content).unwrap().to_string();
     assert_eq!(
         text.matches("pay_").count(),
-        2,
-        "two steps, two charges: {text}"
+        3,
+        "three steps, three charges: {text}"
     );
     client.cancel().await.unwrap();
 
@@ -255,8 +277,8 @@ async fn streamable_http_keys_from_meta_and_prometheus_metrics() {
             .and_then(|l| l.rsplit(' ').next())
             .map(str::to_owned)
     };
-    assert_eq!(calls("fresh").as_deref(), Some("2"), "{scrape}");
-    assert_eq!(calls("replayed").as_deref(), Some("1"), "{scrape}");
+    assert_eq!(calls("fresh").as_deref(), Some("3"), "{scrape}");
+    assert_eq!(calls("replayed").as_deref(), Some("2"), "{scrape}");
     assert!(
         scrape.contains("# HELP idem_calls_total ")
             && scrape.contains("# TYPE idem_calls_total counter"),

@@ -412,6 +412,7 @@ async fn postgres_connection_loss_between_claim_and_completion_keeps_the_claim()
             result: b"{\"ok\":5}",
             now: 1_001,
             ttl: std::time::Duration::from_secs(3600),
+            notify: false,
         })
         .await
         .expect("the completion goes through on a new connection");

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{CountingStore, DownStore};
 use idem::retry::{RetryPolicy, retry};
 use idem::telemetry::{
-    BODY_RUNS, CALL_DURATION, CALLS, COMPLETION_RETRIES, COMPLETIONS_LATE, COMPLETIONS_LOST,
+    BODY_RUNS, CALL_DURATION, CALLS, COMPLETION_RETRIES, COMPLETIONS_LATE, COMPLETIONS_LOST, WAITS,
 };
 use idem::{Idem, idempotent};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -24,6 +24,12 @@ async fn charge(run_id: String, amount: u64, hold_ms: u64) -> Result<u64, String
         return Err("zero".into());
     }
     Ok(amount)
+}
+
+#[idempotent(key = "run_id", mutating, name = "telemetry.send", wait = "5s")]
+async fn send(run_id: String) -> Result<u64, String> {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Ok(1)
 }
 
 #[derive(Clone, Default)]
@@ -218,5 +224,42 @@ async fn logs_and_metrics_count_every_outcome_and_never_show_the_key() {
         if name == CALLS {
             assert_eq!(count(CALL_DURATION, outcome), Some(n), "{counts:?}");
         }
+    }
+
+    // A duplicate that waits: counted as a wait, and as the replay it ends in.
+    let first = tokio::spawn(tenant.run(send("w-1".into())));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = tenant.run(send("w-1".into())).await.unwrap();
+    assert!(matches!(second, idem::Outcome::Replayed(1)), "{second:?}");
+    assert!(matches!(first.await.unwrap(), Ok(idem::Outcome::Fresh(1))));
+    let sends: Vec<(String, String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| {
+            key.key()
+                .labels()
+                .any(|l| l.key() == "tool" && l.value() == "telemetry.send")
+        })
+        .filter_map(|(key, _, description, value)| {
+            assert!(description.is_some(), "{} is described", key.key().name());
+            let outcome = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map_or(String::new(), |l| l.value().to_owned());
+            match value {
+                DebugValue::Counter(n) => Some((key.key().name().to_owned(), outcome, n)),
+                _ => None,
+            }
+        })
+        .collect();
+    for expected in [(WAITS, "", 1), (CALLS, "replayed", 1), (CALLS, "fresh", 1)] {
+        assert!(
+            sends
+                .iter()
+                .any(|(name, outcome, n)| (name.as_str(), outcome.as_str(), *n) == expected),
+            "{expected:?} in {sends:?}"
+        );
     }
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use super::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
-    StoreHealth, UnixMillis,
+    StoreHealth, UnixMillis, Watch,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -224,6 +224,11 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn health(&self) -> StoreFuture<'_, StoreHealth> {
         Box::pin(self.inject("health check", self.inner.health()))
+    }
+
+    /// Forwarded without faults: a watch is a hint, and the claims after it meet the faults.
+    fn watch<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Watch> {
+        self.inner.watch(tenant, key)
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::admin::{self, AdminStore, Driver, Opened, Page, Resolution, invalid_url};
 use super::{
     Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Record, RecordStatus, Renewal,
-    Store, StoreFuture, StoreHealth, UnixMillis, after, decide,
+    Store, StoreFuture, StoreHealth, UnixMillis, Watch, Watchers, after, decide,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -39,6 +39,8 @@ async fn open_url(url: &str) -> Opened {
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     tenants: Mutex<HashMap<String, HashMap<IdempotencyKey, Record>>>,
+    /// Callers waiting for a key to settle: woken by every completion and release.
+    watchers: Watchers,
 }
 
 impl MemoryStore {
@@ -127,8 +129,8 @@ impl Store for MemoryStore {
 
     fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            self.with(
-                |tenants| match tenants.get_mut(c.tenant).and_then(|r| r.get_mut(&c.key)) {
+            let fenced = self.with(|tenants| {
+                match tenants.get_mut(c.tenant).and_then(|r| r.get_mut(&c.key)) {
                     Some(record)
                         if record.token == c.token && record.status == RecordStatus::InFlight =>
                     {
@@ -138,8 +140,12 @@ impl Store for MemoryStore {
                         Fenced::Applied
                     }
                     _ => Fenced::Lost,
-                },
-            )
+                }
+            })?;
+            if fenced == Fenced::Applied {
+                self.watchers.settled(&c.key);
+            }
+            Ok(fenced)
         })
     }
 
@@ -167,7 +173,7 @@ impl Store for MemoryStore {
         token: FencingToken,
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            self.with(|tenants| {
+            let fenced = self.with(|tenants| {
                 let Some(records) = tenants.get_mut(tenant) else {
                     return Fenced::Lost;
                 };
@@ -178,7 +184,11 @@ impl Store for MemoryStore {
                     }
                     _ => Fenced::Lost,
                 }
-            })
+            })?;
+            if fenced == Fenced::Applied {
+                self.watchers.settled(&key);
+            }
+            Ok(fenced)
         })
     }
 
@@ -190,6 +200,11 @@ impl Store for MemoryStore {
         Box::pin(async move {
             self.with(|tenants| tenants.get(tenant).and_then(|r| r.get(&key)).cloned())
         })
+    }
+
+    /// Every settlement happens in this process: the watch is announced.
+    fn watch<'a>(&'a self, _tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Watch> {
+        Box::pin(async move { Ok(self.watchers.watch(key, true)) })
     }
 
     fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {

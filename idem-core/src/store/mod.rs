@@ -39,6 +39,7 @@ mod record;
 pub mod replay_cache;
 #[cfg(feature = "rustls")]
 pub mod tls;
+pub mod watch;
 
 pub use crate::clock::{UnixMillis, after};
 pub use decide::{Decision, Held, decide};
@@ -46,6 +47,7 @@ pub use record::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Renewal,
     StoreHealth,
 };
+pub use watch::{Watch, Watchers};
 
 /// The future every store operation returns.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -96,6 +98,14 @@ pub trait Store: Send + Sync {
     /// Checks that the store answers and its schema is the one this build writes.
     fn health(&self) -> StoreFuture<'_, StoreHealth>;
 
+    /// Watches `key` for its settlement (see [`watch`]): the answer comes once the watch is in
+    /// place, so a settlement after it wakes the watch, and a claim made after it sees any
+    /// settlement before. The default announces nothing: the caller polls.
+    fn watch<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Watch> {
+        let _ = (tenant, key);
+        Box::pin(async { Ok(Watch::unannounced()) })
+    }
+
     /// The backend's own store under any wrappers, for what only that backend can do: the
     /// runtime finds the Postgres store of transactional tools by it. `None` (the default) for
     /// a store that offers nothing of its own; a backend answers `Some(self)`, and a wrapper
@@ -143,6 +153,9 @@ macro_rules! forward_store {
             }
             fn health(&self) -> StoreFuture<'_, StoreHealth> {
                 (**self).health()
+            }
+            fn watch<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Watch> {
+                (**self).watch(tenant, key)
             }
             fn as_any(&self) -> Option<&(dyn Any + Send + Sync)> {
                 (**self).as_any()

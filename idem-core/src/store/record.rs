@@ -116,6 +116,9 @@ pub struct Completion<'a> {
     pub now: UnixMillis,
     /// The record lives this long after completion.
     pub ttl: Duration,
+    /// Whether callers may be waiting for this key (its tool declares `wait`): the store then
+    /// announces the settlement to the [`Watch`](super::Watch)es of every process.
+    pub notify: bool,
 }
 
 /// A fenced renewal: extend the lease of `key` to `now + lease` if `token` still owns it and

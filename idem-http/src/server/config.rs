@@ -30,6 +30,7 @@ pub(super) struct Config {
     pub(super) serve_policy: bool,
     pub(super) ttl: Option<Duration>,
     pub(super) lease: Option<Duration>,
+    pub(super) wait: Option<Duration>,
     pub(super) stores: fn(StatusCode) -> bool,
     pub(super) errors: ErrorBody,
 }
@@ -58,10 +59,17 @@ pub(super) fn default_principal(parts: &http::request::Parts) -> String {
 }
 
 impl Config {
+    /// How long a request whose key is in flight waits for the first (the runtime's default
+    /// wait unless set).
+    pub(super) fn wait(&self) -> Duration {
+        self.wait.unwrap_or(self.idem.default_wait())
+    }
+
     pub(super) fn policy(&self) -> String {
         let methods: Vec<&str> = self.methods.iter().map(Method::as_str).collect();
         let ttl = self.ttl.unwrap_or(self.idem.default_ttl());
         let lease = self.lease.unwrap_or(self.idem.default_lease());
+        let wait = self.wait();
         let mut out = String::from("# Idempotency policy\n\n");
         let _ = writeln!(
             out,
@@ -90,12 +98,23 @@ impl Config {
             let _ = write!(out, ", without the fields {}. ", fields.join(", "));
         }
         out.push_str("The same key with another fingerprint: 422.\n");
-        let _ = writeln!(
-            out,
-            "- While the first request runs: 409 with `Retry-After: 1` (retry soon, with the same \
-             key; a request holds its key for up to {} s).",
-            lease.as_secs()
-        );
+        if wait.is_zero() {
+            let _ = writeln!(
+                out,
+                "- While the first request runs: 409 with `Retry-After: 1` (retry soon, with the \
+                 same key; a request holds its key for up to {} s).",
+                lease.as_secs()
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "- While the first request runs: a request with its key waits up to {} ms for it \
+                 and receives its response; past that, 409 with `Retry-After: 1` (retry soon, \
+                 with the same key; a request holds its key for up to {} s).",
+                wait.as_millis(),
+                lease.as_secs()
+            );
+        }
         let _ = writeln!(
             out,
             "- After it: its status, headers and body, replayed with `Idempotent-Replayed: true`, \

@@ -54,6 +54,7 @@ impl IdempotencyLayer {
                 serve_policy: true,
                 ttl: None,
                 lease: None,
+                wait: None,
                 stores: default_stores,
                 errors: ErrorBody::Problem,
             }),
@@ -139,6 +140,15 @@ impl IdempotencyLayer {
     /// runtime's lease). Set it above your slowest handler.
     pub fn lease(self, lease: Duration) -> Self {
         self.with(|c| c.lease = Some(lease))
+    }
+
+    /// How long a request whose key is held by a request still running waits for it (default:
+    /// the runtime's default wait, none unless set): it then receives the first request's
+    /// stored response, replayed with `Idempotent-Replayed: true`, instead of a 409. Past the
+    /// wait it gets the 409. A client that sends its retry while the first attempt still runs
+    /// (a timeout fired) gets the answer in one round trip.
+    pub fn wait(self, wait: Duration) -> Self {
+        self.with(|c| c.wait = Some(wait))
     }
 
     /// Which responses are stored for replay (default: all but 400, 401, 403, 404, 405, 409,

@@ -25,7 +25,7 @@ use crate::{IDEMPOTENT_REPLAYED, parse_key_header};
 use idem_core::fingerprint::{ArgsFingerprint, Fingerprint};
 use idem_core::key::{KeyPart, derive_key};
 use idem_core::store::{Orphans, RecordStatus};
-use idem_runtime::protocol::{Claimed, Claiming, Intent, claim};
+use idem_runtime::protocol::{Claimed, Claiming, Intent, claim_waiting};
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around another.
 #[derive(Clone)]
@@ -174,9 +174,10 @@ impl Config {
             lease: self.lease.unwrap_or(idem.default_lease()),
             ttl: self.ttl.unwrap_or(idem.default_ttl()),
             orphans: Orphans::TakeOver,
+            wait: self.wait(),
         };
         let claimed =
-            match claim(idem, &intent).await {
+            match claim_waiting(idem, &intent).await {
                 Ok(Claiming::Acquired(claimed)) => claimed,
                 Err(e) => {
                     return unwrap_full(self.problem(

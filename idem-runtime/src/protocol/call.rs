@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 
 use super::policy::ErrorHandling;
 use super::record::{encode_value, too_large_marker, too_large_record};
-use super::{Claimed, Claiming, Intent, claim};
+use super::{Claimed, Claiming, Intent, claim_waiting};
 use crate::registry::ToolInfo;
 use crate::runtime::Scope;
 use crate::telemetry::Observation;
@@ -224,9 +224,10 @@ where
                 lease: tool.effective_lease(idem),
                 ttl: tool.effective_ttl(idem),
                 orphans,
+                wait: tool.effective_wait(idem.default_wait()),
             };
             let hash = key.short_hash();
-            let claimed = match observed.within(claim(idem, &intent)).await {
+            let claimed = match observed.within(claim_waiting(idem, &intent)).await {
                 Ok(Claiming::Acquired(claimed)) => claimed,
                 Ok(Claiming::Completed(bytes)) => break 'call replay::<T, E, H>(name, key, &bytes),
                 Ok(Claiming::Mismatch) => {
@@ -593,6 +594,7 @@ mod tests {
                         lease: Duration::from_millis(1),
                         ttl: Duration::from_secs(60),
                         orphans: idem_core::store::Orphans::Reconcile,
+                        wait: Duration::ZERO,
                     },
                 )
                 .await

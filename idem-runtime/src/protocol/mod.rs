@@ -6,6 +6,7 @@
 //! | prepare | no scope, an unfingerprintable argument, a malformed or missing key part, a bad tenant: refused before the store is touched | `call.rs` |
 //! | claim | one atomic store call decides the key by the store's decision table ([`decide`](idem_core::store::decide)) | [`claim`] |
 //! | replay | a completed record: its value, or its stored error, decoded | `call.rs`, `record.rs` |
+//! | wait | a key in flight, for a call that may wait: watched, claimed again when it settles | [`claim_waiting`] |
 //! | refuse | `Mismatch`, `InFlight` (with how long to wait), `Unknown` | [`Claiming`] |
 //! | check | an orphan or `unknown` record taken over: the tool's state check decides first | `call.rs` (`Check`) |
 //! | run | the body, as [`current()`](crate::current()) call, its lease renewed while it runs | `call.rs`, `lease.rs` |
@@ -25,11 +26,13 @@ pub(crate) mod policy;
 pub(crate) mod record;
 #[cfg(feature = "postgres")]
 pub(crate) mod transactional;
+pub(crate) mod wait;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use completion::Recorded;
+pub use wait::claim_waiting;
 
 use crate::lease_state::LeaseState;
 use crate::runtime::Idem;
@@ -59,6 +62,10 @@ pub struct Intent {
     pub ttl: Duration,
     /// What a claim does with an orphan or an `unknown` record.
     pub orphans: Orphans,
+    /// How long a call that finds the key held by a live call waits for it to settle
+    /// ([`claim_waiting`]); not zero, it also asks the store to announce this call's own
+    /// completion to the callers waiting for it.
+    pub wait: Duration,
 }
 
 /// What a claim found, decided.
@@ -104,6 +111,7 @@ pub async fn claim(idem: &Idem, intent: &Intent) -> Result<Claiming, StoreError>
             lease: intent.lease,
             held_until: after(now, intent.lease),
             lease_state: Arc::default(),
+            notify: !intent.wait.is_zero(),
         }),
         Claim::Completed { result } => Claiming::Completed(result),
         Claim::Mismatch => Claiming::Mismatch,
@@ -139,6 +147,8 @@ pub struct Claimed {
     held_until: UnixMillis,
     /// Whether the lease is still held, for the body to ask.
     lease_state: Arc<LeaseState>,
+    /// Whether the completion is announced to waiting callers (the tool declares `wait`).
+    notify: bool,
 }
 
 impl Claimed {
@@ -178,6 +188,7 @@ impl Claimed {
             result,
             now: self.idem.clock().now(),
             ttl: self.ttl,
+            notify: self.notify,
         })
     }
 
@@ -215,6 +226,7 @@ mod tests {
             lease: Duration::from_millis(lease_ms),
             ttl: Duration::from_secs(60),
             orphans: Orphans::TakeOver,
+            wait: Duration::ZERO,
         }
     }
 

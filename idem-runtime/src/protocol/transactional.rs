@@ -204,7 +204,7 @@ where
             let store = postgres(scope.idem(), name)?;
             let limit = scope.idem().max_result_bytes();
             let settle = move |result| settlement::<V, E, H>(result, limit);
-            let wait = tool.effective_wait();
+            let wait = tool.effective_wait(scope.idem().default_wait());
             let ran = D::transact(store, None, wait, E::MAY_STORE, body, settle).await?;
             return match ran {
                 Transacted::Settled(answer) => {
@@ -232,7 +232,7 @@ where
     let observed = crate::telemetry::Observation::start(tool, scope.tenant(), key);
     let call = async move {
         let store = postgres(idem, name)?;
-        let wait = tool.effective_wait();
+        let wait = tool.effective_wait(idem.default_wait());
         let now = idem.clock().now();
         let tenant = scope.shared_tenant();
         let request = ClaimRequest {

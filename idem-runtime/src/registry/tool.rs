@@ -118,8 +118,9 @@ pub struct ToolInfo {
     /// Whether the tool is transactional (`transactional`): its claim, its writes and its
     /// record commit in one transaction on the store's database.
     pub transactional: bool,
-    /// How long a call of a transactional tool waits for a concurrent call of the same key to
-    /// commit before it answers in flight (`wait = "…"`; else [`DEFAULT_WAIT`]).
+    /// How long a call waits for a concurrent call of the same key to finish before it answers
+    /// in flight (`wait = "…"`; else the runtime's default wait, or [`DEFAULT_WAIT`] for a
+    /// transactional tool, whose call waits for the other's commit).
     #[serde(serialize_with = "ser_opt_duration")]
     pub wait: Option<Duration>,
     /// The tool's metric keys, built at its first keyed call.
@@ -127,8 +128,9 @@ pub struct ToolInfo {
     metrics: OnceLock<ToolMetrics>,
 }
 
-/// How long a call of a transactional tool waits, by default, for a concurrent call of the same
-/// key to commit: then it replays (or runs, if that call rolled back), else it answers in flight.
+/// How long a call of a transactional tool that declares no `wait` waits for a concurrent call of
+/// the same key to commit: then it replays (or runs, if that call rolled back), else it answers
+/// in flight.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(2);
 
 /// A duration the way the attribute takes it (`24h`), or none.
@@ -180,7 +182,7 @@ impl ToolInfo {
         self
     }
 
-    /// The declared wait of a transactional tool, in milliseconds.
+    /// The declared wait, in milliseconds.
     pub const fn wait_ms(mut self, ms: u64) -> Self {
         self.wait = Some(Duration::from_millis(ms));
         self
@@ -273,9 +275,15 @@ impl ToolInfo {
         self.metrics.get_or_init(|| ToolMetrics::new(self.name))
     }
 
-    /// How long a transactional call waits for a concurrent one of the same key.
-    pub fn effective_wait(&self) -> Duration {
-        self.wait.unwrap_or(DEFAULT_WAIT)
+    /// How long a call waits for a concurrent one of the same key, when the runtime's default
+    /// wait is `default`: declared, else [`DEFAULT_WAIT`] for a transactional tool, else
+    /// `default`.
+    pub fn effective_wait(&self, default: Duration) -> Duration {
+        match self.wait {
+            Some(wait) => wait,
+            None if self.transactional => DEFAULT_WAIT,
+            None => default,
+        }
     }
 
     /// The lease in force under `idem`.

@@ -310,7 +310,7 @@ async fn the_registry_lists_every_tool_and_the_report_is_sorted() {
     let strict = tools.iter().find(|t| t.name == "payments.strict").unwrap();
     assert_eq!(strict.on_error, idem::registry::ErrorPolicy::Store);
     let md = idem::registry::report().to_markdown();
-    assert!(md.contains("| `bank.transfer` | keyed (mutating) | `req.run_id`, `req.step` | 1d (default) | 30s (default) | release | takeover | `req.sent_at`, `req.trace_id` |"), "{md}");
+    assert!(md.contains("| `bank.transfer` | keyed (mutating) | `req.run_id`, `req.step` | 1d (default) | 30s (default) | — | release | takeover | `req.sent_at`, `req.trace_id` |"), "{md}");
 
     let idem = Idem::open("memory://").await.unwrap();
     let audit = idem::audit(&idem).await;

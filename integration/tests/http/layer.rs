@@ -165,6 +165,43 @@ async fn thirty_two_simultaneous_requests_make_one_charge() {
     );
 }
 
+/// With a wait (here the runtime's default), the duplicates sent while the first request runs
+/// get its response, not a 409.
+#[tokio::test]
+async fn with_a_wait_thirty_two_simultaneous_requests_all_get_the_one_charge() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let idem = Idem::builder()
+        .lease(Duration::from_secs(10))
+        .wait(Duration::from_secs(10))
+        .open(&url)
+        .await
+        .unwrap();
+    let server = Server::start_on(idem, Duration::from_millis(300), ErrorBody::Problem, dir).await;
+    let key = key();
+    let calls: Vec<_> = (0..32)
+        .map(|_| {
+            let req = server.create(Some(&key), 500, "sk_a");
+            tokio::spawn(async move { req.send().await.unwrap() })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    let mut replayed = 0;
+    for call in calls {
+        let response = call.await.unwrap();
+        assert_eq!(
+            response.status(),
+            200,
+            "every duplicate waits for the response"
+        );
+        replayed += usize::from(response.headers().get("idempotent-replayed").is_some());
+        bodies.push(response.bytes().await.unwrap());
+    }
+    assert_eq!(server.charges().len(), 1);
+    assert_eq!(replayed, 31, "one ran, the others received its response");
+    assert!(bodies.iter().all(|b| *b == bodies[0]), "byte for byte");
+}
+
 #[tokio::test]
 async fn a_connection_dropped_mid_request_still_records_the_charge() {
     let server = Server::start(Duration::from_millis(300)).await;

@@ -42,7 +42,8 @@ macro_rules! store_conformance_tests {
             purge_is_bounded_and_spares_live_records,
             concurrent_claims_have_one_winner,
             results_are_stored_byte_exact,
-            health_reports_the_current_schema
+            health_reports_the_current_schema,
+            settlements_wake_watches
         );
     };
     ($make:expr) => {

@@ -331,3 +331,66 @@ pub async fn health_reports_the_current_schema(store: Arc<dyn Store>) {
     assert_eq!(health.backend, store.backend());
     assert_eq!(health.schema_version, health.expected_schema_version);
 }
+
+/// A watch on a key wakes when the key settles through the store: a completion that asks to
+/// notify, and a release. (A notice is a hint: a watch may also wake for nothing.)
+pub async fn settlements_wake_watches(store: Arc<dyn Store>) {
+    let t = tenant();
+    let within = Duration::from_secs(5);
+    let (done, freed) = (key(&t, 1), key(&t, 2));
+    let token = acquire(&*store, claim(&t, done, fp(1), T0)).await;
+    let watch = store.watch(&t, done).await.expect("watch");
+    store
+        .complete(completion(&t, done, token, b"{}", T0 + 1))
+        .await
+        .expect("complete");
+    tokio::time::timeout(within, watch.notified())
+        .await
+        .expect("a completion that notifies wakes the watch of its key");
+    let token = acquire(&*store, claim(&t, freed, fp(1), T0)).await;
+    let watch = store.watch(&t, freed).await.expect("watch");
+    assert_eq!(
+        store.release(&t, freed, token).await.expect("release"),
+        Fenced::Applied
+    );
+    tokio::time::timeout(within, watch.notified())
+        .await
+        .expect("a release wakes the watch of its key");
+}
+
+/// For stores that announce settlements across processes (not in the generated suite: call it
+/// with two stores on the same data, as two processes would open them): a watch through `here`
+/// is announced and woken by a completion through `there` that asks to notify, not by one
+/// that does not, and by a release.
+pub async fn settlements_elsewhere_wake_watches(here: &dyn Store, there: &dyn Store) {
+    let t = tenant();
+    let woken = async |watch: &crate::store::Watch, within: u64| {
+        tokio::time::timeout(Duration::from_millis(within), watch.notified())
+            .await
+            .is_ok()
+    };
+    for (n, notify) in [(1, true), (2, false)] {
+        let k = key(&t, n);
+        let token = acquire(there, claim(&t, k, fp(1), T0)).await;
+        let watch = here.watch(&t, k).await.expect("watch");
+        assert!(watch.announced(), "settlements elsewhere are announced");
+        let done = crate::store::Completion {
+            notify,
+            ..completion(&t, k, token, b"{}", T0 + 1)
+        };
+        there.complete(done).await.expect("complete");
+        assert_eq!(
+            woken(&watch, if notify { 5_000 } else { 300 }).await,
+            notify,
+            "a completion is announced when it asks to be (notify: {notify})"
+        );
+    }
+    let k = key(&t, 3);
+    let token = acquire(there, claim(&t, k, fp(1), T0)).await;
+    let watch = here.watch(&t, k).await.expect("watch");
+    assert_eq!(
+        there.release(&t, k, token).await.expect("release"),
+        Fenced::Applied
+    );
+    assert!(woken(&watch, 5_000).await, "a release is always announced");
+}

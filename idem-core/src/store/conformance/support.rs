@@ -64,6 +64,7 @@ pub(super) fn completion<'a>(
         result,
         now,
         ttl: TTL,
+        notify: true,
     }
 }
 
