@@ -3,7 +3,7 @@
 //! `guide/src/benchmarks/chart.svg` (calls/s against concurrent callers, per backend).
 //!
 //! ```text
-//! cargo run -p bench-report -- --run     # runs `cargo bench` for sqlite, shared, http, then writes
+//! cargo run -p bench-report -- --run     # runs `cargo bench` for sqlite, shared, http, wait, then writes
 //! cargo run -p bench-report              # writes from the results of an earlier `cargo bench`
 //! ```
 //!
@@ -32,6 +32,13 @@ impl Results {
 
     fn per_second(&self, group: &str, bench: &str) -> Option<f64> {
         self.median(group, bench).map(|ns| 1e9 / ns)
+    }
+
+    /// The figures of the `wait` bench (`wait.json`), one object per store.
+    fn waits(&self) -> Option<Vec<serde_json::Value>> {
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(self.dir.join("wait.json")).ok()?).ok()?;
+        json.as_array().cloned()
     }
 
     /// The ratios the bench `bench` timed in alternation (`alternating-{bench}.json`), in its
@@ -393,6 +400,35 @@ fn markdown(results: &Results) -> String {
             ));
         }
     }
+    if let Some(waits) = results.waits() {
+        out.push_str("\n## Duplicates that wait\n\n");
+        out.push_str(
+            "A holder process claims a key and a waiter in this process waits for it \
+             (`claim_waiting`); the wake-up is the time from the holder's completion returning \
+             to the waiter's claim returning its result, over the rounds (after 10 of warm-up). \
+             Then callers wait on one key that the holder holds: the claims each sends in that \
+             time, with `wait` and retrying every 10 ms without it (`benches/wait.rs`).\n\n",
+        );
+        out.push_str(
+            "| store | wake-up p50 | p99 | largest | rounds | claims per caller, waiting | retrying every 10 ms |\n|---|---|---|---|---|---|---|\n",
+        );
+        for w in waits {
+            let ms = |key: &str| w[key].as_f64().map_or("—".into(), |v| format!("{v:.2} ms"));
+            let n = |key: &str| w[key].as_f64().map_or("—".into(), |v| format!("{v:.1}"));
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} ({} callers, {} s) | {} |\n",
+                w["store"].as_str().unwrap_or("?"),
+                ms("p50_ms"),
+                ms("p99_ms"),
+                ms("max_ms"),
+                w["rounds"],
+                n("waiting_claims_per_caller"),
+                w["waiters"],
+                w["hold_s"],
+                n("polling_claims_per_caller"),
+            ));
+        }
+    }
     if !missing.is_empty() {
         out.push_str(&format!(
             "\nNo results for {} in this run (set `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL`).\n",
@@ -483,6 +519,8 @@ fn main() -> ExitCode {
                 "shared",
                 "--bench",
                 "http",
+                "--bench",
+                "wait",
             ])
             .status();
         if !status.is_ok_and(|s| s.success()) {

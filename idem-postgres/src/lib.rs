@@ -83,9 +83,10 @@ pub use self::store::PostgresStore;
 use self::driver::{
     BACKEND, connection_broke, corrupt, db_millis, db_time, orphans_code, pg_error, pool_error,
 };
-use self::notices::{Connect, Listener, channel};
+use self::notices::channel;
 use self::store::{Encryption, Inner, READ_FIRST_FROM};
 pub use self::tls::{SslMode, TlsOptions};
+use idem_core::store::listener::{Listener, Subscribe};
 
 use self::claim::{Sql, Statement, decide_read, decode_claim, decode_record};
 use idem_core::store::read_first::ReadFirst;
@@ -116,10 +117,10 @@ impl PostgresStore {
             SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => Encryption::Always,
         };
         // A transaction pooler cannot hold a `LISTEN`: its callers poll.
-        let listen = (!options.transaction_pooler).then(|| Connect {
-            config: options.config.clone(),
-            connector: connector.clone(),
-            timeout: options.response_timeout,
+        let listen = (!options.transaction_pooler).then(|| {
+            let channel = channel(&options.schema);
+            let subscribe = notices::subscribe(options.config.clone(), connector.clone(), channel);
+            (subscribe, options.response_timeout)
         });
         let manager = Manager::from_config(
             options.config.clone(),
@@ -174,7 +175,7 @@ impl PostgresStore {
         pool: Pool,
         options: &PostgresOptions,
         encryption: Encryption,
-        listen: Option<Connect>,
+        listen: Option<(Subscribe, std::time::Duration)>,
     ) -> Result<Self, StoreError> {
         let store = PostgresStore {
             inner: std::sync::Arc::new(Inner {
@@ -185,7 +186,7 @@ impl PostgresStore {
                 encryption,
                 transaction_pooler: options.transaction_pooler,
                 response_timeout: options.response_timeout,
-                listener: Listener::new(channel(&options.schema), listen),
+                listener: Listener::new(listen),
                 #[cfg(feature = "sqlx")]
                 sqlx: std::sync::RwLock::new(None),
             }),

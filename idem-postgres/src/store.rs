@@ -10,8 +10,8 @@ use idem_core::store::read_first::{ONE, ReadFirst};
 use idem_core::store::replay_cache::ReplayCache;
 
 use crate::claim::Sql;
-use crate::notices::Listener;
 use crate::tls;
+use idem_core::store::listener::Listener;
 
 /// The shared PostgreSQL [`Store`](idem_core::store::Store). Cheap to clone; clones share the pool.
 #[derive(Clone)]

@@ -280,8 +280,13 @@ impl Store for RedisStore {
             let token = token_arg(c.token);
             let expires_at = time_arg(after(c.now, c.ttl));
             let ttl = millis_arg(c.ttl);
-            let channel = if c.notify { self.notices.channel() } else { "" };
-            let notice = notice_payload(&c.key);
+            let channel = if c.notify { &*self.channel } else { "" };
+            // The key in hex only when a notice goes out: nothing more per plain completion.
+            let notice = if channel.is_empty() {
+                String::new()
+            } else {
+                notice_payload(&c.key)
+            };
             let applied: i64 = self
                 .invoke(
                     "complete",
@@ -346,17 +351,17 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
             let token = token_arg(token);
-            let notice = notice_payload(&key);
+            let notice = if self.channel.is_empty() {
+                String::new()
+            } else {
+                notice_payload(&key)
+            };
             let deleted: i64 = self
                 .invoke(
                     "release",
                     &self.scripts.release,
                     &[&self.record_key(tenant, &key)],
-                    &[
-                        token.as_bytes(),
-                        self.notices.channel().as_bytes(),
-                        notice.as_bytes(),
-                    ],
+                    &[token.as_bytes(), self.channel.as_bytes(), notice.as_bytes()],
                 )
                 .await?;
             if deleted != 1 {

@@ -93,8 +93,8 @@ pub use self::options::RedisOptions;
 pub use self::store::RedisStore;
 
 use self::driver::{BACKEND, again_if_broken, corrupt, redis_error, token_arg};
-use self::notices::Subscriber;
 use self::store::{Scripts, Wait};
+use idem_core::store::listener::Listener;
 
 use self::connection::Connection;
 pub use self::record::SCHEMA_VERSION;
@@ -227,10 +227,17 @@ impl RedisStore {
                 timeout: options.wait_timeout,
             },
             encrypted,
-            notices: std::sync::Arc::new(Subscriber::new(
-                notices::channel(&options.prefix),
-                subscriber,
-            )),
+            channel: if subscriber.is_some() {
+                notices::channel(&options.prefix).into()
+            } else {
+                "".into()
+            },
+            notices: std::sync::Arc::new(Listener::new(subscriber.map(|(client, timeout)| {
+                (
+                    notices::subscribe(client, notices::channel(&options.prefix)),
+                    timeout,
+                )
+            }))),
         };
         let found = store.layout_version(OP).await?;
         if found > SCHEMA_VERSION {

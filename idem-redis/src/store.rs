@@ -9,7 +9,7 @@ use idem_core::store::replay_cache::ReplayCache;
 use redis::Script;
 
 use crate::connection::Connection;
-use crate::notices::Subscriber;
+use idem_core::store::listener::Listener;
 
 /// The shared Redis [`Store`](idem_core::store::Store). Cheap to clone; clones share the connection.
 #[derive(Clone)]
@@ -25,7 +25,10 @@ pub struct RedisStore {
     /// Whether the connection is encrypted, when the store made it.
     pub(crate) encrypted: Option<bool>,
     /// The settlement notices: what wakes the callers waiting for a key.
-    pub(crate) notices: std::sync::Arc<Subscriber>,
+    pub(crate) notices: std::sync::Arc<Listener>,
+    /// The channel the scripts announce settlements on; empty when nobody can listen (a
+    /// cluster, a connection handed in).
+    pub(crate) channel: std::sync::Arc<str>,
 }
 
 /// The replicas a claim and a completion wait for (`wait_replicas`, `wait_timeout_ms`).

@@ -242,6 +242,26 @@ pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
                     ])
                 })
                 .map_err(|e| sql_error("complete", e))?;
+            if n == 0 {
+                // Nothing changed: another owner holds the key, or this very completion was
+                // applied by an earlier attempt whose answer was lost.
+                let ours = tx
+                    .prepare_cached(
+                        "SELECT 1 FROM idem_records WHERE tenant = ?1 AND key = ?2 \
+                         AND token = ?3 AND status = ?4 AND result = ?5",
+                    )
+                    .and_then(|mut s| {
+                        s.exists(params![
+                            tenant,
+                            &key.as_bytes()[..],
+                            token.get() as i64,
+                            status.as_str(),
+                            result,
+                        ])
+                    })
+                    .map_err(|e| sql_error("complete", e))?;
+                return Ok(fenced(usize::from(ours)));
+            }
             Ok(fenced(n))
         }
         Op::Renew {

@@ -139,6 +139,14 @@ impl Store for MemoryStore {
                         record.expires_at = after(c.now, c.ttl);
                         Fenced::Applied
                     }
+                    // This very completion, sent again after its answer was lost.
+                    Some(record)
+                        if record.token == c.token
+                            && record.status == c.status
+                            && record.result.as_deref() == Some(c.result) =>
+                    {
+                        Fenced::Applied
+                    }
                     _ => Fenced::Lost,
                 }
             })?;

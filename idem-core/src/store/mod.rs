@@ -32,6 +32,7 @@ pub mod admin;
 pub mod conformance;
 mod decide;
 pub mod faulty;
+pub mod listener;
 pub mod memory;
 pub mod read_first;
 mod record;

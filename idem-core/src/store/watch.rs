@@ -5,8 +5,8 @@
 //! |---|---|---|
 //! | memory | wakes the watch | (there is none) |
 //! | SQLite | wakes the watch | not announced: the caller polls, with a bounded backoff |
-//! | Postgres | `NOTIFY` on the schema's channel, one `LISTEN` connection per store | likewise |
-//! | Redis | `PUBLISH` on the prefix's channel, one subscriber connection per store | likewise |
+//! | Postgres | `NOTIFY` on the schema's channel, one `LISTEN` connection per store ([`Listener`](super::listener::Listener)) | likewise |
+//! | Redis | `PUBLISH` on the prefix's channel, one subscriber connection per store (likewise) | likewise |
 //!
 //! A notice is a hint, never an answer: the woken caller claims the key again, and the store's
 //! decision table says what it gets (the stored result, the key to run after a release or a

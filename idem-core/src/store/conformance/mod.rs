@@ -43,7 +43,8 @@ macro_rules! store_conformance_tests {
             concurrent_claims_have_one_winner,
             results_are_stored_byte_exact,
             health_reports_the_current_schema,
-            settlements_wake_watches
+            settlements_wake_watches,
+            a_completion_sent_again_is_recognised
         );
     };
     ($make:expr) => {

@@ -394,3 +394,39 @@ pub async fn settlements_elsewhere_wake_watches(here: &dyn Store, there: &dyn St
     );
     assert!(woken(&watch, 5_000).await, "a release is always announced");
 }
+
+/// A completion sent again after it landed (its answer was lost on the way) is recognised as
+/// applied; the same token with another result or status, or another token, is not.
+pub async fn a_completion_sent_again_is_recognised(store: Arc<dyn Store>) {
+    let t = tenant();
+    let k = key(&t, 1);
+    let token = acquire(&*store, claim(&t, k, fp(1), T0)).await;
+    let done = completion(&t, k, token, b"{\"ok\":1}", T0 + 1);
+    for attempt in ["first", "again"] {
+        assert_eq!(
+            store.complete(done).await.expect("complete"),
+            Fenced::Applied,
+            "{attempt}"
+        );
+    }
+    let other = completion(&t, k, token, b"{\"ok\":2}", T0 + 2);
+    assert_eq!(store.complete(other).await.expect("complete"), Fenced::Lost);
+    let unknown = crate::store::Completion {
+        status: RecordStatus::Unknown,
+        ..done
+    };
+    assert_eq!(
+        store.complete(unknown).await.expect("complete"),
+        Fenced::Lost
+    );
+    let stranger = completion(&t, k, FencingToken::from_raw(99), b"{\"ok\":1}", T0 + 2);
+    assert_eq!(
+        store.complete(stranger).await.expect("complete"),
+        Fenced::Lost
+    );
+    let Claim::Completed { result } = store.claim(claim(&t, k, fp(1), T0 + 3)).await.unwrap()
+    else {
+        panic!("completed");
+    };
+    assert_eq!(result, b"{\"ok\":1}", "the first result stays");
+}
