@@ -42,6 +42,15 @@ const CLAIM_TYPES: &[Type] = &[
 ];
 const KEY_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA];
 const FENCED_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA, Type::INT8];
+/// tenant, key, token, result, expiry, status.
+const COMPLETION_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::BYTEA,
+    Type::INT8,
+    Type::BYTEA,
+    Type::INT8,
+    Type::TEXT,
+];
 
 fn statement(sql: String, types: &'static [Type]) -> Statement {
     Statement { sql, types }
@@ -89,6 +98,11 @@ impl Sql {
             "pg_notify('{}', encode(key, 'hex'))",
             crate::notices::channel(schema)
         );
+        // The fenced completion, written once: alone, announced, or aborting its transaction.
+        let settle = format!(
+            "UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
+             WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight'"
+        );
         Sql {
             server_time: statement(
                 "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint".into(),
@@ -130,50 +144,14 @@ impl Sql {
                 ),
                 CLAIM_TYPES,
             ),
-            complete: statement(
-                format!(
-                    "UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
-                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
-                 RETURNING 1"
-                ),
-                &[
-                    Type::TEXT,
-                    Type::BYTEA,
-                    Type::INT8,
-                    Type::BYTEA,
-                    Type::INT8,
-                    Type::TEXT,
-                ],
-            ),
+            complete: statement(format!("{settle} RETURNING 1"), COMPLETION_TYPES),
             complete_notify: statement(
-                format!(
-                    "WITH done AS (UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
-                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
-                 RETURNING key) SELECT {notify} FROM done"
-                ),
-                &[
-                    Type::TEXT,
-                    Type::BYTEA,
-                    Type::INT8,
-                    Type::BYTEA,
-                    Type::INT8,
-                    Type::TEXT,
-                ],
+                format!("WITH done AS ({settle} RETURNING key) SELECT {notify} FROM done"),
+                COMPLETION_TYPES,
             ),
             complete_or_abort: statement(
-                format!(
-                    "WITH done AS (UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
-                 WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
-                 RETURNING 1) SELECT 1 / count(*)::int FROM done"
-                ),
-                &[
-                    Type::TEXT,
-                    Type::BYTEA,
-                    Type::INT8,
-                    Type::BYTEA,
-                    Type::INT8,
-                    Type::TEXT,
-                ],
+                format!("WITH done AS ({settle} RETURNING 1) SELECT 1 / count(*)::int FROM done"),
+                COMPLETION_TYPES,
             ),
             renew: statement(
                 format!(

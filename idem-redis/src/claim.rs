@@ -10,7 +10,6 @@ use super::driver::{
 use super::record::{SCHEMA_VERSION, decode_record, layout};
 use super::store::RedisStore;
 use idem_core::key::IdempotencyKey;
-use idem_core::store::watch::notice_payload;
 use idem_core::store::{
     Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Orphans, Record, RecordStatus,
     Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch, after, decide,
@@ -280,13 +279,7 @@ impl Store for RedisStore {
             let token = token_arg(c.token);
             let expires_at = time_arg(after(c.now, c.ttl));
             let ttl = millis_arg(c.ttl);
-            let channel = if c.notify { &*self.channel } else { "" };
-            // The key in hex only when a notice goes out: nothing more per plain completion.
-            let notice = if channel.is_empty() {
-                String::new()
-            } else {
-                notice_payload(&c.key)
-            };
+            let (channel, notice) = self.announcement(&c.key, c.notify);
             let applied: i64 = self
                 .invoke(
                     "complete",
@@ -351,17 +344,13 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
             let token = token_arg(token);
-            let notice = if self.channel.is_empty() {
-                String::new()
-            } else {
-                notice_payload(&key)
-            };
+            let (channel, notice) = self.announcement(&key, true);
             let deleted: i64 = self
                 .invoke(
                     "release",
                     &self.scripts.release,
                     &[&self.record_key(tenant, &key)],
-                    &[token.as_bytes(), self.channel.as_bytes(), notice.as_bytes()],
+                    &[token.as_bytes(), channel.as_bytes(), notice.as_bytes()],
                 )
                 .await?;
             if deleted != 1 {

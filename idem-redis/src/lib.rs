@@ -227,11 +227,7 @@ impl RedisStore {
                 timeout: options.wait_timeout,
             },
             encrypted,
-            channel: if subscriber.is_some() {
-                notices::channel(&options.prefix).into()
-            } else {
-                "".into()
-            },
+            channel: notices::channel(&options.prefix).into(),
             notices: std::sync::Arc::new(Listener::new(subscriber.map(|(client, timeout)| {
                 (
                     notices::subscribe(client, notices::channel(&options.prefix)),

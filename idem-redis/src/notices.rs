@@ -12,14 +12,31 @@
 //! which the completing script cannot count, and an expiry for the pushes nobody popped).
 
 use futures_util::StreamExt;
+use idem_core::key::IdempotencyKey;
 use idem_core::store::listener::{Notices, Subscribe};
+use idem_core::store::watch::notice_payload;
 use redis::Client;
 
 use crate::driver::redis_error;
+use crate::store::RedisStore;
 
 /// The channel of a prefix's notices.
 pub(crate) fn channel(prefix: &str) -> String {
     format!("{prefix}:settled")
+}
+
+impl RedisStore {
+    /// The channel and the notice a script announces `key`'s settlement with (`announce`: the
+    /// completion asks to, or a release): both empty when it goes unannounced, so a plain
+    /// completion sends nothing more. Nothing is announced where the store's listener cannot
+    /// subscribe (a cluster, a connection handed in).
+    pub(crate) fn announcement(&self, key: &IdempotencyKey, announce: bool) -> (&str, String) {
+        if announce && self.notices.subscribes() {
+            (&self.channel, notice_payload(key))
+        } else {
+            ("", String::new())
+        }
+    }
 }
 
 /// Subscribes to `channel` on a new pub/sub connection of `client`'s; the notices end when the

@@ -26,8 +26,7 @@ pub struct RedisStore {
     pub(crate) encrypted: Option<bool>,
     /// The settlement notices: what wakes the callers waiting for a key.
     pub(crate) notices: std::sync::Arc<Listener>,
-    /// The channel the scripts announce settlements on; empty when nobody can listen (a
-    /// cluster, a connection handed in).
+    /// The channel the scripts announce settlements on (see `RedisStore::announcement`).
     pub(crate) channel: std::sync::Arc<str>,
 }
 

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,7 +14,7 @@ use idem::telemetry::{
     BODY_RUNS, CALL_DURATION, CALLS, COMPLETION_RETRIES, COMPLETIONS_LATE, COMPLETIONS_LOST, WAITS,
 };
 use idem::{Idem, idempotent};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 const SECRET: &str = "run-secret-4242";
 
@@ -30,6 +31,39 @@ async fn charge(run_id: String, amount: u64, hold_ms: u64) -> Result<u64, String
 async fn send(run_id: String) -> Result<u64, String> {
     tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(1)
+}
+
+/// The metrics of `tool`: (metric, outcome label or "") -> count, or the number of samples of
+/// the histogram; every one described, with its unit.
+fn counts_of(snapshotter: &Snapshotter, tool: &str) -> HashMap<(String, String), u64> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| {
+            key.key()
+                .labels()
+                .any(|l| l.key() == "tool" && l.value() == tool)
+        })
+        .map(|(key, unit, description, value)| {
+            let name = key.key().name().to_owned();
+            assert!(
+                unit.is_some() && description.is_some(),
+                "{name} is described"
+            );
+            let outcome = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map_or(String::new(), |l| l.value().to_owned());
+            let n = match value {
+                DebugValue::Counter(n) => n,
+                DebugValue::Histogram(samples) => samples.len() as u64,
+                DebugValue::Gauge(_) => panic!("idem keeps no gauge: {name}"),
+            };
+            ((name, outcome), n)
+        })
+        .collect()
 }
 
 #[derive(Clone, Default)]
@@ -170,35 +204,7 @@ async fn logs_and_metrics_count_every_outcome_and_never_show_the_key() {
         "a raw key part leaked into the logs"
     );
 
-    // (metric, outcome label or "") -> count, or the number of samples of the histogram.
-    let counts: std::collections::HashMap<(String, String), u64> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| {
-            key.key()
-                .labels()
-                .any(|l| l.key() == "tool" && l.value() == "telemetry.charge")
-        })
-        .map(|(key, unit, description, value)| {
-            let name = key.key().name().to_owned();
-            assert!(
-                unit.is_some() && description.is_some(),
-                "{name} is described"
-            );
-            let outcome = key
-                .key()
-                .labels()
-                .find(|l| l.key() == "outcome")
-                .map_or(String::new(), |l| l.value().to_owned());
-            let n = match value {
-                DebugValue::Counter(n) => n,
-                DebugValue::Histogram(samples) => samples.len() as u64,
-                DebugValue::Gauge(_) => panic!("idem keeps no gauge: {name}"),
-            };
-            ((name, outcome), n)
-        })
-        .collect();
+    let counts = counts_of(&snapshotter, "telemetry.charge");
     let count = |name: &str, outcome: &str| counts.get(&(name.to_owned(), outcome.to_owned()));
     // The body ran five times: the first call, the held one, the failing one, the one whose
     // completion landed late and the one whose completion was lost.
@@ -232,34 +238,12 @@ async fn logs_and_metrics_count_every_outcome_and_never_show_the_key() {
     let second = tenant.run(send("w-1".into())).await.unwrap();
     assert!(matches!(second, idem::Outcome::Replayed(1)), "{second:?}");
     assert!(matches!(first.await.unwrap(), Ok(idem::Outcome::Fresh(1))));
-    let sends: Vec<(String, String, u64)> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| {
-            key.key()
-                .labels()
-                .any(|l| l.key() == "tool" && l.value() == "telemetry.send")
-        })
-        .filter_map(|(key, _, description, value)| {
-            assert!(description.is_some(), "{} is described", key.key().name());
-            let outcome = key
-                .key()
-                .labels()
-                .find(|l| l.key() == "outcome")
-                .map_or(String::new(), |l| l.value().to_owned());
-            match value {
-                DebugValue::Counter(n) => Some((key.key().name().to_owned(), outcome, n)),
-                _ => None,
-            }
-        })
-        .collect();
-    for expected in [(WAITS, "", 1), (CALLS, "replayed", 1), (CALLS, "fresh", 1)] {
-        assert!(
-            sends
-                .iter()
-                .any(|(name, outcome, n)| (name.as_str(), outcome.as_str(), *n) == expected),
-            "{expected:?} in {sends:?}"
+    let sends = counts_of(&snapshotter, "telemetry.send");
+    for (name, outcome, n) in [(WAITS, "", 1), (CALLS, "replayed", 1), (CALLS, "fresh", 1)] {
+        assert_eq!(
+            sends.get(&(name.to_owned(), outcome.to_owned())),
+            Some(&n),
+            "{name} {outcome}: {sends:?}"
         );
     }
 }

@@ -88,18 +88,17 @@ impl Listener {
         let Some((subscribe, timeout)) = &self.subscribe else {
             return self.watchers.watch(key, false);
         };
-        self.start(subscribe);
+        self.start(subscribe, *timeout);
         let mut listening = self.listening.subscribe();
         let ready = tokio::time::timeout(*timeout, listening.wait_for(|on| *on)).await;
         self.watchers.watch(key, matches!(ready, Ok(Ok(_))))
     }
 
-    fn start(&self, subscribe: &std::sync::Arc<Subscribe>) {
+    fn start(&self, subscribe: &std::sync::Arc<Subscribe>, timeout: Duration) {
         let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
         if task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        let timeout = self.subscribe.as_ref().map_or(Duration::ZERO, |s| s.1);
         let listen = listen(
             subscribe.clone(),
             timeout,

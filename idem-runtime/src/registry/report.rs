@@ -234,14 +234,11 @@ impl Report {
                 }
             };
             // How long a concurrent call of the key waits for this one: "—" for none.
+            let effective = t.effective_wait(self.default_wait);
             let wait = match (t.form, t.wait) {
-                (Form::Keyed, Some(wait)) if !wait.is_zero() => format_duration(wait),
-                (Form::Keyed, None) if !t.effective_wait(self.default_wait).is_zero() => {
-                    format!(
-                        "{} (default)",
-                        format_duration(t.effective_wait(self.default_wait))
-                    )
-                }
+                (Form::Keyed, _) if effective.is_zero() => "—".to_owned(),
+                (Form::Keyed, Some(_)) => format_duration(effective),
+                (Form::Keyed, None) => format!("{} (default)", format_duration(effective)),
                 _ => "—".to_owned(),
             };
             let (ttl, lease, on_error, on_orphan) = match t.form {
