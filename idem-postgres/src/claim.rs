@@ -78,6 +78,14 @@ pub(super) struct Sql {
     /// The completion of a transactional call: an error (division by zero) when the claim's row
     /// is not there to complete, so that the `COMMIT` sent with it rolls back.
     pub(super) complete_or_abort: Statement,
+    /// The claims of a batch: `idem_claim` for each item of the arrays, in their order (the
+    /// store sends them sorted by key, so that two batches lock their keys in one order).
+    pub(super) claim_batch: Statement,
+    /// The settlements of a batch: the fenced completions and releases of the items of the
+    /// arrays (status `release` releases), and the completions found already applied with these
+    /// very tokens, statuses and results (sent again after a lost answer): the positions that
+    /// applied.
+    pub(super) settle_batch: Statement,
     pub(super) renew: Statement,
     pub(super) release: Statement,
     pub(super) lookup: Statement,
@@ -152,6 +160,51 @@ impl Sql {
             complete_or_abort: statement(
                 format!("WITH done AS ({settle} RETURNING 1) SELECT 1 / count(*)::int FROM done"),
                 COMPLETION_TYPES,
+            ),
+            claim_batch: statement(
+                format!(
+                    "SELECT c.decision, c.token, c.lease_expires_at, c.expires_at, c.result \
+                 FROM unnest($2::bytea[], $4::bytea[], $5::int8[]) WITH ORDINALITY \
+                 AS i(key, fingerprint, token, n) \
+                 CROSS JOIN LATERAL \"{schema}\".idem_claim($1::text, i.key, $3::text, \
+                 i.fingerprint, i.token, $6::int8, $7::int8, $8::int8, $9::int2) AS c \
+                 ORDER BY i.n"
+                ),
+                &[
+                    Type::TEXT,
+                    Type::BYTEA_ARRAY,
+                    Type::TEXT,
+                    Type::BYTEA_ARRAY,
+                    Type::INT8_ARRAY,
+                    Type::INT8,
+                    Type::INT8,
+                    Type::INT8,
+                    Type::INT2,
+                ],
+            ),
+            settle_batch: statement(
+                format!(
+                    "WITH i AS (SELECT * FROM unnest($2::bytea[], $3::int8[], $4::bytea[], \
+                 $5::text[]) WITH ORDINALITY AS i(key, token, result, status, n)), \
+                 done AS (UPDATE {t} r SET status = i.status, result = i.result, \
+                 expires_at = $6::int8 FROM i WHERE r.tenant = $1::text AND r.key = i.key \
+                 AND r.token = i.token AND r.status = 'in_flight' AND i.status <> 'release' \
+                 RETURNING i.n), \
+                 gone AS (DELETE FROM {t} r USING i WHERE r.tenant = $1 AND r.key = i.key \
+                 AND r.token = i.token AND r.status = 'in_flight' AND i.status = 'release' \
+                 RETURNING i.n), \
+                 again AS (SELECT i.n FROM i JOIN {t} r ON r.tenant = $1 AND r.key = i.key \
+                 AND r.token = i.token AND r.status = i.status AND r.result = i.result) \
+                 SELECT n FROM done UNION SELECT n FROM gone UNION SELECT n FROM again"
+                ),
+                &[
+                    Type::TEXT,
+                    Type::BYTEA_ARRAY,
+                    Type::INT8_ARRAY,
+                    Type::BYTEA_ARRAY,
+                    Type::TEXT_ARRAY,
+                    Type::INT8,
+                ],
             ),
             renew: statement(
                 format!(

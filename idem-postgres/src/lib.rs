@@ -49,10 +49,11 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use idem_core::key::IdempotencyKey;
+use idem_core::store::batch::{by_key, in_item_order};
 use idem_core::store::replay_cache::ReplayCache;
 use idem_core::store::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
-    StoreHealth, UnixMillis, Watch, after,
+    BatchClaim, BatchSettlement, Claim, ClaimRequest, Completion, Fenced, FencingToken, Record,
+    Renewal, Settle, Store, StoreFuture, StoreHealth, UnixMillis, Watch, after,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -361,6 +362,107 @@ impl Store for PostgresStore {
                 r.token == c.token && r.status == c.status && r.result.as_deref() == Some(c.result)
             });
             Ok(if ours { Fenced::Applied } else { Fenced::Lost })
+        })
+    }
+
+    /// One statement: `idem_claim` for each item, in key order.
+    fn claim_batch<'a>(&'a self, batch: BatchClaim<'a>) -> StoreFuture<'a, Vec<Claim>> {
+        Box::pin(async move {
+            const OP: &str = "claim";
+            if batch.items.is_empty() {
+                return Ok(Vec::new());
+            }
+            let order = by_key(batch.items, |item| item.key);
+            let tokens: Vec<FencingToken> =
+                order.iter().map(|_| FencingToken::generate()).collect();
+            let keys: Vec<&[u8]> = order
+                .iter()
+                .map(|&i| &batch.items[i].key.as_bytes()[..])
+                .collect();
+            let fingerprints: Vec<&[u8]> = order
+                .iter()
+                .map(|&i| &batch.items[i].fingerprint.as_bytes()[..])
+                .collect();
+            let raw_tokens: Vec<i64> = tokens.iter().map(|t| t.get() as i64).collect();
+            let params: [&(dyn ToSql + Sync); 9] = [
+                &batch.tenant,
+                &keys,
+                &batch.tool,
+                &fingerprints,
+                &raw_tokens,
+                &db_time(batch.now),
+                &db_millis(batch.lease),
+                &db_millis(batch.ttl),
+                &orphans_code(batch.orphans),
+            ];
+            let rows = self.query(OP, &self.inner.sql.claim_batch, &params).await?;
+            if rows.len() != order.len() {
+                return Err(corrupt(
+                    OP,
+                    "the batch's claim answered another number of rows",
+                ));
+            }
+            let claims = rows
+                .iter()
+                .zip(&order)
+                .zip(tokens)
+                .map(|((row, &i), token)| {
+                    decode_claim(
+                        row,
+                        token,
+                        batch.request(&batch.items[i]),
+                        &self.inner.replays,
+                    )
+                })
+                .collect::<Result<Vec<Claim>, StoreError>>()?;
+            Ok(in_item_order(&order, claims))
+        })
+    }
+
+    /// One statement: the fenced completions and releases of every item.
+    fn settle_batch<'a>(&'a self, batch: BatchSettlement<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        Box::pin(async move {
+            const OP: &str = "complete";
+            if batch.items.is_empty() {
+                return Ok(Vec::new());
+            }
+            let order = by_key(batch.items, |item| item.key);
+            let items = || order.iter().map(|&i| &batch.items[i]);
+            let keys: Vec<&[u8]> = items().map(|item| &item.key.as_bytes()[..]).collect();
+            let tokens: Vec<i64> = items().map(|item| item.token.get() as i64).collect();
+            let (results, statuses): (Vec<&[u8]>, Vec<&str>) = items()
+                .map(|item| match item.settle {
+                    Settle::Complete { status, result } => (result, status.as_str()),
+                    Settle::Release => (&[][..], "release"),
+                })
+                .unzip();
+            let expires_at = db_time(after(batch.now, batch.ttl));
+            let params: [&(dyn ToSql + Sync); 6] = [
+                &batch.tenant,
+                &keys,
+                &tokens,
+                &results,
+                &statuses,
+                &expires_at,
+            ];
+            let rows = self
+                .query(OP, &self.inner.sql.settle_batch, &params)
+                .await?;
+            let mut answers = vec![Fenced::Lost; order.len()];
+            for row in &rows {
+                let n: i64 = row.get(0);
+                let slot = usize::try_from(n - 1)
+                    .ok()
+                    .and_then(|n| answers.get_mut(n))
+                    .ok_or_else(|| corrupt(OP, "the batch's settlement named no item"))?;
+                *slot = Fenced::Applied;
+            }
+            for (item, answer) in items().zip(&answers) {
+                if *answer == Fenced::Applied {
+                    self.inner.listener.settled(&item.key);
+                }
+            }
+            Ok(in_item_order(&order, answers))
         })
     }
 

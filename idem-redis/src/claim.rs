@@ -11,65 +11,121 @@ use super::record::{SCHEMA_VERSION, decode_record, layout};
 use super::store::RedisStore;
 use idem_core::key::IdempotencyKey;
 use idem_core::store::{
-    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Orphans, Record, RecordStatus,
-    Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch, after, decide,
+    BatchClaim, BatchSettlement, Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken,
+    Orphans, Record, RecordStatus, Renewal, Settle, Store, StoreFuture, StoreHealth, UnixMillis,
+    Watch, after, decide,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
+/// The claim of one key, as a Lua function (the body of [`CLAIM`] and [`CLAIM_BATCH`]).
 /// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight,
-/// 5 unknown. ARGV: fingerprint, now, token, lease expiry, expiry (as laid out above), TTL in ms,
-/// the tool name with its 4-digit length, and the orphan policy (`0` take over, `1` reconcile:
-/// take lapsed and unknown records over, `2` block: mark lapsed records unknown).
-pub(super) const CLAIM: &str = r"
-local k = KEYS[1]
-local fp, now, token, orphans = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[8]
-local v = redis.call('GET', k)
-if v and tonumber(string.sub(v, 34, 49)) > now then
-  if string.sub(v, 1, 32) ~= fp then return {2} end
-  local status = string.sub(v, 33, 33)
-  local head = 104 + tonumber(string.sub(v, 101, 104))
-  if status == 'c' then
-    return {3, string.sub(v, 34, 49), string.sub(v, head + 1)}
-  end
-  if string.sub(v, 82, 100) == token then
-    if string.sub(v, 66, 81) == ARGV[2] then return {0} end
+/// 5 unknown. Arguments: the record's key, the fingerprint, now, the token, the lease's expiry,
+/// the expiry (as laid out above), the TTL in ms, the tool name with its 4-digit length, and the
+/// orphan policy (`0` take over, `1` reconcile: take lapsed and unknown records over, `2` block:
+/// mark lapsed records unknown).
+macro_rules! claim_fn {
+    () => {
+        r"
+local function claim(k, fp, now_arg, token, lease_at, expires, ttl, tool, orphans)
+  local now = tonumber(now_arg)
+  local v = redis.call('GET', k)
+  if v and tonumber(string.sub(v, 34, 49)) > now then
+    if string.sub(v, 1, 32) ~= fp then return {2} end
+    local status = string.sub(v, 33, 33)
+    local head = 104 + tonumber(string.sub(v, 101, 104))
+    if status == 'c' then
+      return {3, string.sub(v, 34, 49), string.sub(v, head + 1)}
+    end
+    if string.sub(v, 82, 100) == token then
+      if string.sub(v, 66, 81) == now_arg then return {0} end
+      return {1}
+    end
+    if status == 'u' then
+      if orphans ~= '1' then return {5} end
+    else
+      local lease = string.sub(v, 50, 65)
+      if tonumber(lease) > now then return {4, lease} end
+      if orphans == '2' then
+        redis.call('SET', k, string.sub(v, 1, 32) .. 'u' .. string.sub(v, 34), 'KEEPTTL')
+        return {5}
+      end
+    end
+    redis.call('SET', k, fp .. 'i' .. string.sub(v, 34, 49) .. lease_at .. string.sub(v, 66, 81)
+      .. token .. string.sub(v, 101, head), 'KEEPTTL')
     return {1}
   end
-  if status == 'u' then
-    if orphans ~= '1' then return {5} end
-  else
-    local lease = string.sub(v, 50, 65)
-    if tonumber(lease) > now then return {4, lease} end
-    if orphans == '2' then
-      redis.call('SET', k, string.sub(v, 1, 32) .. 'u' .. string.sub(v, 34), 'KEEPTTL')
-      return {5}
-    end
-  end
-  redis.call('SET', k, fp .. 'i' .. string.sub(v, 34, 49) .. ARGV[4] .. string.sub(v, 66, 81)
-    .. token .. string.sub(v, 101, head), 'KEEPTTL')
-  return {1}
+  redis.call('SET', k, fp .. 'i' .. expires .. lease_at .. now_arg .. token .. tool, 'PX', ttl)
+  return {0}
 end
-redis.call('SET', k, fp .. 'i' .. ARGV[5] .. ARGV[4] .. ARGV[2] .. token .. ARGV[7], 'PX', ARGV[6])
-return {0}
-";
+"
+    };
+}
+
+/// The settlements of one key, as Lua functions (the bodies of [`COMPLETE`], [`RELEASE`] and
+/// [`SETTLE_BATCH`]). `complete` answers 2: applied, 1: applied by an earlier delivery of this
+/// very completion, 0: lost; `release` 1: deleted, 0: lost. Arguments: the record's key, the
+/// token, the result, the expiry, the TTL in ms and the status to settle as (`c` or `u`).
+macro_rules! settle_fns {
+    () => {
+        r"
+local function complete(k, token, result, expires, ttl, status)
+  local v = redis.call('GET', k)
+  if not v or string.sub(v, 82, 100) ~= token then return 0 end
+  local head = 104 + tonumber(string.sub(v, 101, 104))
+  if string.sub(v, 33, 33) ~= 'i' then
+    if string.sub(v, 33, 33) == status and string.sub(v, head + 1) == result then return 1 end
+    return 0
+  end
+  redis.call('SET', k, string.sub(v, 1, 32) .. status .. expires .. string.sub(v, 50, head)
+    .. result, 'PX', ttl)
+  return 2
+end
+local function release(k, token)
+  local v = redis.call('GET', k)
+  if v and string.sub(v, 33, 33) == 'i' and string.sub(v, 82, 100) == token then
+    redis.call('DEL', k)
+    return 1
+  end
+  return 0
+end
+"
+    };
+}
+
+/// The claim of one key. ARGV: fingerprint, now, token, lease expiry, expiry, TTL in ms, the
+/// tool name with its length, the orphan policy (see `claim_fn!`).
+pub(super) const CLAIM: &str = concat!(
+    claim_fn!(),
+    "return claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])\n"
+);
+
+/// The claims of a batch's keys, one answer per key in order. ARGV: now, lease expiry, expiry,
+/// TTL in ms, the tool name with its length, the orphan policy, then the fingerprint and the
+/// token of each key.
+pub(super) const CLAIM_BATCH: &str = concat!(
+    claim_fn!(),
+    r"
+local out = {}
+for i = 1, #KEYS do
+  out[i] = claim(KEYS[i], ARGV[5 + 2 * i], ARGV[1], ARGV[6 + 2 * i], ARGV[2], ARGV[3], ARGV[4],
+    ARGV[5], ARGV[6])
+end
+return out
+"
+);
 
 /// 1: applied (now, or by an earlier delivery of this very completion), 0: lost.
 /// ARGV: token, result, expiry, TTL in ms, the status to settle as (`c` or `u`), the channel
 /// to announce the settlement on (empty: none) and the notice (the key in hex).
-pub(super) const COMPLETE: &str = r"
-local k = KEYS[1]
-local v = redis.call('GET', k)
-if not v or string.sub(v, 82, 100) ~= ARGV[1] then return 0 end
-local head = 104 + tonumber(string.sub(v, 101, 104))
-if string.sub(v, 33, 33) ~= 'i' then
-  if string.sub(v, 33, 33) == ARGV[5] and string.sub(v, head + 1) == ARGV[2] then return 1 end
-  return 0
-end
-redis.call('SET', k, string.sub(v, 1, 32) .. ARGV[5] .. ARGV[3] .. string.sub(v, 50, head)
-  .. ARGV[2], 'PX', ARGV[4])
-if ARGV[6] ~= '' then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
+pub(super) const COMPLETE: &str = concat!(
+    settle_fns!(),
+    r"
+local done = complete(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+if done == 2 and ARGV[6] ~= '' then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
+if done == 0 then return 0 end
 return 1
-";
+"
+);
 
 /// 1: renewed, 0: lost. ARGV: token, lease expiry, lease in ms. A record that would expire
 /// before its new lease lapses lives as long as the lease.
@@ -87,16 +143,33 @@ return 1
 
 /// 1: deleted, 0: lost. ARGV: token, the channel to announce the release on (empty: none) and
 /// the notice (the key in hex).
-pub(super) const RELEASE: &str = r"
-local k = KEYS[1]
-local v = redis.call('GET', k)
-if v and string.sub(v, 33, 33) == 'i' and string.sub(v, 82, 100) == ARGV[1] then
-  redis.call('DEL', k)
-  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
-  return 1
+pub(super) const RELEASE: &str = concat!(
+    settle_fns!(),
+    r"
+local done = release(KEYS[1], ARGV[1])
+if done == 1 and ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+return done
+"
+);
+
+/// The settlements of a batch's keys, one answer per key in order (1: applied, 0: lost).
+/// ARGV: expiry, TTL in ms, then the token, the status (`c`, `u`, or `r` to release) and the
+/// result of each key.
+pub(super) const SETTLE_BATCH: &str = concat!(
+    settle_fns!(),
+    r"
+local out = {}
+for i = 1, #KEYS do
+  local token, status = ARGV[3 * i], ARGV[3 * i + 1]
+  if status == 'r' then
+    out[i] = release(KEYS[i], token)
+  else
+    out[i] = math.min(complete(KEYS[i], token, ARGV[3 * i + 2], ARGV[1], ARGV[2], status), 1)
+  end
 end
-return 0
-";
+return out
+"
+);
 
 /// The record a claim of a new key writes, laid out as [`layout`] says: the fingerprint, `i`,
 /// the expiry, the lease's expiry and the creation time (16 digits each), the token (19), the
@@ -118,6 +191,15 @@ fn new_record(req: &ClaimRequest<'_>, token: FencingToken) -> Vec<u8> {
     .expect("writing to a Vec cannot fail");
     new.extend_from_slice(req.tool.as_bytes());
     new
+}
+
+/// The orphan policy as the claim script reads it.
+fn orphans_arg(orphans: Orphans) -> &'static [u8] {
+    match orphans {
+        Orphans::TakeOver => b"0",
+        Orphans::Reconcile => b"1",
+        Orphans::Block => b"2",
+    }
 }
 
 /// One answer per node: a cluster answers a command sent to every primary with a map of node to
@@ -157,6 +239,43 @@ pub(super) fn decide_without_writing(
         });
     }
     decision.answer_without_writing(|| found.result.unwrap_or_default())
+}
+
+impl RedisStore {
+    /// The claim a script's answer for one key says; a replay goes into the replay cache.
+    fn decode_claim(
+        &self,
+        answer: &[Value],
+        token: FencingToken,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        const OP: &str = "claim";
+        let decision = answer
+            .first()
+            .ok_or_else(|| corrupt(OP, "empty answer"))
+            .and_then(|v| int(OP, v))?;
+        Ok(match (decision, answer.get(1), answer.get(2)) {
+            (0 | 1, _, _) => Claim::Acquired {
+                token,
+                takeover: decision == 1,
+            },
+            (2, _, _) => Claim::Mismatch,
+            (3, Some(expires_at), result) => {
+                let result = match result {
+                    Some(Value::BulkString(bytes)) => bytes.clone(),
+                    _ => Vec::new(),
+                };
+                let expires_at = int(OP, expires_at)?.max(0) as u64;
+                self.replays.put(req, &result, expires_at);
+                Claim::Completed { result }
+            }
+            (4, Some(lease), _) => Claim::InFlight {
+                lease_expires_at: int(OP, lease)?.max(0) as u64,
+            },
+            (5, _, _) => Claim::Unknown,
+            _ => return Err(corrupt(OP, "unknown decision")),
+        })
+    }
 }
 
 impl Store for RedisStore {
@@ -229,39 +348,11 @@ impl Store for RedisStore {
                             &new[layout::EXPIRES],
                             ttl.as_bytes(),
                             &new[layout::TOOL_LEN.start..],
-                            match req.orphans {
-                                Orphans::TakeOver => b"0",
-                                Orphans::Reconcile => b"1",
-                                Orphans::Block => b"2",
-                            },
+                            orphans_arg(req.orphans),
                         ],
                     )
                     .await?;
-                let decision = answer
-                    .first()
-                    .ok_or_else(|| corrupt(OP, "empty answer"))
-                    .and_then(|v| int(OP, v))?;
-                Ok(match (decision, answer.get(1), answer.get(2)) {
-                    (0 | 1, _, _) => Claim::Acquired {
-                        token,
-                        takeover: decision == 1,
-                    },
-                    (2, _, _) => Claim::Mismatch,
-                    (3, Some(expires_at), result) => {
-                        let result = match result {
-                            Some(Value::BulkString(bytes)) => bytes.clone(),
-                            _ => Vec::new(),
-                        };
-                        let expires_at = int(OP, expires_at)?.max(0) as u64;
-                        self.replays.put(&req, &result, expires_at);
-                        Claim::Completed { result }
-                    }
-                    (4, Some(lease), _) => Claim::InFlight {
-                        lease_expires_at: int(OP, lease)?.max(0) as u64,
-                    },
-                    (5, _, _) => Claim::Unknown,
-                    _ => return Err(corrupt(OP, "unknown decision")),
-                })
+                self.decode_claim(&answer, token, &req)
             }
             .await;
             let claim = claim?;
@@ -308,6 +399,123 @@ impl Store for RedisStore {
             self.replicated("complete", c.tenant, &c.key, c.token, true)
                 .await?;
             Ok(Fenced::Applied)
+        })
+    }
+
+    /// One script over the items' keys (one slot: a tenant's records share its hash tag).
+    fn claim_batch<'a>(&'a self, batch: BatchClaim<'a>) -> StoreFuture<'a, Vec<Claim>> {
+        Box::pin(async move {
+            const OP: &str = "claim";
+            if batch.items.is_empty() {
+                return Ok(Vec::new());
+            }
+            if batch.tool.len() > 9999 {
+                return Err(StoreError::new(
+                    BACKEND,
+                    StoreErrorKind::Other,
+                    "claim: a tool name longer than 9999 bytes does not fit the record",
+                ));
+            }
+            let tokens: Vec<FencingToken> = batch
+                .items
+                .iter()
+                .map(|_| FencingToken::generate())
+                .collect();
+            // The fields every item shares, cut from the record a new key would get.
+            let new = new_record(&batch.request(&batch.items[0]), tokens[0]);
+            let ttl = millis_arg(batch.ttl);
+            let records: Vec<String> = batch
+                .items
+                .iter()
+                .map(|item| self.record_key(batch.tenant, &item.key))
+                .collect();
+            let raw_tokens: Vec<String> = tokens.iter().map(|t| token_arg(*t)).collect();
+            let mut args: Vec<&[u8]> = vec![
+                &new[layout::CREATED],
+                &new[layout::LEASE],
+                &new[layout::EXPIRES],
+                ttl.as_bytes(),
+                &new[layout::TOOL_LEN.start..],
+                orphans_arg(batch.orphans),
+            ];
+            for (item, token) in batch.items.iter().zip(&raw_tokens) {
+                args.push(item.fingerprint.as_bytes());
+                args.push(token.as_bytes());
+            }
+            let keys: Vec<&str> = records.iter().map(String::as_str).collect();
+            let answers: Vec<Vec<Value>> = self
+                .invoke(OP, &self.scripts.claim_batch, &keys, &args)
+                .await?;
+            if answers.len() != batch.items.len() {
+                return Err(corrupt(
+                    OP,
+                    "the batch's claim answered another number of items",
+                ));
+            }
+            let mut claims = Vec::with_capacity(answers.len());
+            for ((item, answer), token) in batch.items.iter().zip(&answers).zip(tokens) {
+                let claim = self.decode_claim(answer, token, &batch.request(item))?;
+                if let Claim::Acquired { token, .. } = claim {
+                    self.replicated(OP, batch.tenant, &item.key, token, false)
+                        .await?;
+                }
+                claims.push(claim);
+            }
+            Ok(claims)
+        })
+    }
+
+    /// One script over the items' keys.
+    fn settle_batch<'a>(&'a self, batch: BatchSettlement<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        Box::pin(async move {
+            const OP: &str = "complete";
+            if batch.items.is_empty() {
+                return Ok(Vec::new());
+            }
+            let expires_at = time_arg(after(batch.now, batch.ttl));
+            let ttl = millis_arg(batch.ttl);
+            let records: Vec<String> = batch
+                .items
+                .iter()
+                .map(|item| self.record_key(batch.tenant, &item.key))
+                .collect();
+            let tokens: Vec<String> = batch.items.iter().map(|i| token_arg(i.token)).collect();
+            let mut args: Vec<&[u8]> = vec![expires_at.as_bytes(), ttl.as_bytes()];
+            for (item, token) in batch.items.iter().zip(&tokens) {
+                let (status, result): (&[u8], &[u8]) = match item.settle {
+                    Settle::Complete {
+                        status: RecordStatus::Unknown,
+                        result,
+                    } => (b"u", result),
+                    Settle::Complete { result, .. } => (b"c", result),
+                    Settle::Release => (b"r", b""),
+                };
+                args.extend([token.as_bytes(), status, result]);
+            }
+            let keys: Vec<&str> = records.iter().map(String::as_str).collect();
+            let applied: Vec<i64> = self
+                .invoke(OP, &self.scripts.settle_batch, &keys, &args)
+                .await?;
+            if applied.len() != batch.items.len() {
+                return Err(corrupt(
+                    OP,
+                    "the batch's settlement answered another number of items",
+                ));
+            }
+            let mut answers = Vec::with_capacity(applied.len());
+            for (item, applied) in batch.items.iter().zip(applied) {
+                if applied != 1 {
+                    answers.push(Fenced::Lost);
+                    continue;
+                }
+                self.notices.settled(&item.key);
+                if matches!(item.settle, Settle::Complete { .. }) {
+                    self.replicated(OP, batch.tenant, &item.key, item.token, true)
+                        .await?;
+                }
+                answers.push(Fenced::Applied);
+            }
+            Ok(answers)
         })
     }
 

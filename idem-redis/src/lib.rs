@@ -16,8 +16,9 @@
 //!   purging.
 //! - **Redis Cluster.** A record lives at `PREFIX:{TENANT}:KEY` where `TENANT` is the tenant in
 //!   hexadecimal: the braces are a hash tag, so all of a tenant's records hash to one slot, and
-//!   each script touches exactly one key. `redis+cluster://HOST:PORT[,HOST:PORT…]` connects to a
-//!   cluster (redis-rs routes every command by its key and follows failovers). Replication is
+//!   each script touches one key (a batch's script, keys of one tenant: one slot).
+//!   `redis+cluster://HOST:PORT[,HOST:PORT…]` connects to a cluster (redis-rs routes every
+//!   command by its key and follows failovers). Replication is
 //!   asynchronous: `wait_replicas=N` makes each claim and completion wait for `N` replicas
 //!   (Redis `WAIT`) and read the record back before the body runs (see [`RedisOptions`]).
 //! - **TLS** with `rediss://` (rustls): the server's certificate must chain to the system's
@@ -100,7 +101,7 @@ use self::connection::Connection;
 pub use self::record::SCHEMA_VERSION;
 
 use self::admin::RESOLVE;
-use self::claim::{CLAIM, COMPLETE, RELEASE, RENEW};
+use self::claim::{CLAIM, CLAIM_BATCH, COMPLETE, RELEASE, RENEW, SETTLE_BATCH};
 
 inventory::submit! {
     idem_core::store::admin::Driver::new(
@@ -215,7 +216,9 @@ impl RedisStore {
             prefix: options.prefix.as_str().into(),
             scripts: std::sync::Arc::new(Scripts {
                 claim: Script::new(CLAIM),
+                claim_batch: Script::new(CLAIM_BATCH),
                 complete: Script::new(COMPLETE),
+                settle_batch: Script::new(SETTLE_BATCH),
                 renew: Script::new(RENEW),
                 release: Script::new(RELEASE),
                 resolve: Script::new(RESOLVE),

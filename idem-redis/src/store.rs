@@ -39,7 +39,9 @@ pub(crate) struct Wait {
 
 pub(crate) struct Scripts {
     pub(crate) claim: Script,
+    pub(crate) claim_batch: Script,
     pub(crate) complete: Script,
+    pub(crate) settle_batch: Script,
     pub(crate) renew: Script,
     pub(crate) release: Script,
     pub(crate) resolve: Script,

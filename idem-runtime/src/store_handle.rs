@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use idem_core::IdempotencyKey;
 use idem_core::store::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
-    StoreHealth, UnixMillis, Watch,
+    BatchClaim, BatchSettlement, Claim, ClaimRequest, Completion, Fenced, FencingToken, Record,
+    Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
 };
 
 /// The store an [`Idem`](crate::Idem) runtime calls: every [`Store`] operation (it derefs to
@@ -56,6 +56,12 @@ impl Store for IdemStore {
     }
     fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced> {
         self.0.complete(completion)
+    }
+    fn claim_batch<'a>(&'a self, batch: BatchClaim<'a>) -> StoreFuture<'a, Vec<Claim>> {
+        self.0.claim_batch(batch)
+    }
+    fn settle_batch<'a>(&'a self, batch: BatchSettlement<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        self.0.settle_batch(batch)
     }
     fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced> {
         self.0.renew(renewal)

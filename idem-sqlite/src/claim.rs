@@ -70,6 +70,9 @@ pub(super) enum Op {
         reason: String,
         now: UnixMillis,
     },
+    /// The operations of a batch's items, in one job of the group commit: all of them or, if
+    /// one fails, none (a savepoint).
+    Batch(Vec<Op>),
 }
 
 pub(super) enum Reply {
@@ -81,6 +84,8 @@ pub(super) enum Reply {
     },
     Fenced(Fenced),
     Purged(usize),
+    /// One reply per operation of an [`Op::Batch`], in order.
+    Batch(Vec<Reply>),
 }
 
 /// What a claim decides on, and the stored result when the record is completed.
@@ -140,6 +145,17 @@ pub(super) fn read_held(
 
 pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
     match op {
+        Op::Batch(ops) => {
+            let savepoint = |sql| tx.execute_batch(sql).map_err(|e| sql_error("batch", e));
+            savepoint("SAVEPOINT idem_batch")?;
+            let replies: Result<Vec<Reply>, StoreError> =
+                ops.into_iter().map(|op| apply(tx, op)).collect();
+            if replies.is_err() {
+                savepoint("ROLLBACK TO idem_batch")?;
+            }
+            savepoint("RELEASE idem_batch")?;
+            replies.map(Reply::Batch)
+        }
         Op::Claim {
             tenant,
             key,

@@ -45,8 +45,8 @@ use idem_core::key::IdempotencyKey;
 use idem_core::store::read_first::{ONE, ReadFirst};
 use idem_core::store::replay_cache::ReplayCache;
 use idem_core::store::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
-    StoreHealth, UnixMillis, Watch, Watchers, after, decide,
+    BatchClaim, BatchSettlement, Claim, ClaimRequest, Completion, Fenced, FencingToken, Record,
+    Renewal, Settle, Store, StoreFuture, StoreHealth, UnixMillis, Watch, Watchers, after, decide,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -170,6 +170,34 @@ impl SqliteStore {
     }
 }
 
+/// The write a claim queues.
+fn claim_op(req: &ClaimRequest<'_>) -> Op {
+    Op::Claim {
+        tenant: req.tenant.to_owned(),
+        key: req.key,
+        tool: req.tool.to_owned(),
+        fingerprint: req.fingerprint,
+        now: req.now,
+        lease: req.lease,
+        ttl: req.ttl,
+        orphans: req.orphans,
+    }
+}
+
+impl SqliteStore {
+    /// The claim a write's reply answers; a replay goes into the replay cache.
+    fn claim_answer(&self, req: &ClaimRequest<'_>, reply: Reply) -> Result<Claim, StoreError> {
+        match reply {
+            Reply::Claim(claim) => Ok(claim),
+            Reply::Replay { result, expires_at } => {
+                self.shared.replays.put(req, &result, expires_at);
+                Ok(Claim::Completed { result })
+            }
+            _ => Err(unexpected()),
+        }
+    }
+}
+
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         BACKEND
@@ -200,28 +228,75 @@ impl Store for SqliteStore {
                     return Ok(answer);
                 }
             }
-            let op = Op::Claim {
-                tenant: req.tenant.to_owned(),
-                key: req.key,
-                tool: req.tool.to_owned(),
-                fingerprint: req.fingerprint,
-                now: req.now,
-                lease: req.lease,
-                ttl: req.ttl,
-                orphans: req.orphans,
-            };
-            match self.shared.write(op).await? {
-                Reply::Claim(claim) => {
-                    read_first.note(!matches!(claim, Claim::Acquired { .. }));
-                    Ok(claim)
-                }
-                Reply::Replay { result, expires_at } => {
-                    read_first.note(true);
-                    replays.put(&req, &result, expires_at);
-                    Ok(Claim::Completed { result })
-                }
-                _ => Err(unexpected()),
+            let claim = self.claim_answer(&req, self.shared.write(claim_op(&req)).await?)?;
+            read_first.note(!matches!(claim, Claim::Acquired { .. }));
+            Ok(claim)
+        })
+    }
+
+    /// The items' claims in one job of the group commit (one transaction, one commit).
+    fn claim_batch<'a>(&'a self, batch: BatchClaim<'a>) -> StoreFuture<'a, Vec<Claim>> {
+        Box::pin(async move {
+            if batch.items.is_empty() {
+                return Ok(Vec::new());
             }
+            let ops = batch
+                .items
+                .iter()
+                .map(|item| claim_op(&batch.request(item)));
+            let Reply::Batch(replies) = self.shared.write(Op::Batch(ops.collect())).await? else {
+                return Err(unexpected());
+            };
+            if replies.len() != batch.items.len() {
+                return Err(unexpected());
+            }
+            batch
+                .items
+                .iter()
+                .zip(replies)
+                .map(|(item, reply)| self.claim_answer(&batch.request(item), reply))
+                .collect()
+        })
+    }
+
+    /// The items' completions and releases in one job of the group commit.
+    fn settle_batch<'a>(&'a self, batch: BatchSettlement<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        Box::pin(async move {
+            if batch.items.is_empty() {
+                return Ok(Vec::new());
+            }
+            let ops = batch.items.iter().map(|item| match item.settle {
+                Settle::Complete { status, result } => Op::Complete {
+                    tenant: batch.tenant.to_owned(),
+                    key: item.key,
+                    token: item.token,
+                    status,
+                    result: result.to_vec(),
+                    expires_at: after(batch.now, batch.ttl),
+                },
+                Settle::Release => Op::Release {
+                    tenant: batch.tenant.to_owned(),
+                    key: item.key,
+                    token: item.token,
+                },
+            });
+            let Reply::Batch(replies) = self.shared.write(Op::Batch(ops.collect())).await? else {
+                return Err(unexpected());
+            };
+            if replies.len() != batch.items.len() {
+                return Err(unexpected());
+            }
+            let mut answers = Vec::with_capacity(replies.len());
+            for (item, reply) in batch.items.iter().zip(replies) {
+                let Reply::Fenced(fenced) = reply else {
+                    return Err(unexpected());
+                };
+                if fenced == Fenced::Applied {
+                    self.shared.watchers.settled(&item.key);
+                }
+                answers.push(fenced);
+            }
+            Ok(answers)
         })
     }
 

@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture,
-    StoreHealth, UnixMillis, Watch,
+    BatchClaim, BatchSettlement, Claim, ClaimRequest, Completion, Fenced, FencingToken, Record,
+    Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -195,6 +195,15 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(self.inject("complete", self.inner.complete(completion)))
+    }
+
+    /// One fault draw for the whole batch, as for one round trip.
+    fn claim_batch<'a>(&'a self, batch: BatchClaim<'a>) -> StoreFuture<'a, Vec<Claim>> {
+        Box::pin(self.inject("claim", self.inner.claim_batch(batch)))
+    }
+
+    fn settle_batch<'a>(&'a self, batch: BatchSettlement<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        Box::pin(self.inject("complete", self.inner.settle_batch(batch)))
     }
 
     fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced> {

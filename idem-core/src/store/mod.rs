@@ -28,6 +28,7 @@ use crate::error::StoreError;
 use crate::key::IdempotencyKey;
 
 pub mod admin;
+pub mod batch;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 mod decide;
@@ -43,6 +44,7 @@ pub mod tls;
 pub mod watch;
 
 pub use crate::clock::{UnixMillis, after};
+pub use batch::{BatchClaim, BatchItem, BatchSettlement, Settle, Settlement};
 pub use decide::{Decision, Held, decide};
 pub use record::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Renewal,
@@ -73,6 +75,20 @@ pub trait Store: Send + Sync {
 
     /// Stores the result of a claimed key, if the token still owns it.
     fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced>;
+
+    /// Claims every item of a batch (see [`batch`]): one answer per item, in order, each as
+    /// [`Store::claim`] of that item alone would answer. The default claims them one by one;
+    /// a backend answers in one round trip.
+    fn claim_batch<'a>(&'a self, batch: BatchClaim<'a>) -> StoreFuture<'a, Vec<Claim>> {
+        Box::pin(batch::claim_each(self, batch))
+    }
+
+    /// Completes or releases every item of a batch, each fenced by its own token: one answer
+    /// per item, in order. The default settles them one by one; a backend answers in one round
+    /// trip.
+    fn settle_batch<'a>(&'a self, batch: BatchSettlement<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        Box::pin(batch::settle_each(self, batch))
+    }
 
     /// Extends the lease of a claimed `in_flight` record, if the token still owns it: the lease
     /// lapses at `now + lease`, and the record expires no earlier than that.
@@ -130,6 +146,15 @@ macro_rules! forward_store {
             }
             fn complete<'a>(&'a self, completion: Completion<'a>) -> StoreFuture<'a, Fenced> {
                 (**self).complete(completion)
+            }
+            fn claim_batch<'a>(&'a self, batch: BatchClaim<'a>) -> StoreFuture<'a, Vec<Claim>> {
+                (**self).claim_batch(batch)
+            }
+            fn settle_batch<'a>(
+                &'a self,
+                batch: BatchSettlement<'a>,
+            ) -> StoreFuture<'a, Vec<Fenced>> {
+                (**self).settle_batch(batch)
             }
             fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced> {
                 (**self).renew(renewal)

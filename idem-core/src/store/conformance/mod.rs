@@ -11,11 +11,13 @@
 //! The checks panic with a message naming the rule that failed.
 
 mod admin;
+mod batches;
 mod claims;
 mod records;
 mod support;
 
 pub use self::admin::*;
+pub use self::batches::*;
 pub use self::claims::*;
 pub use self::records::*;
 
@@ -44,7 +46,8 @@ macro_rules! store_conformance_tests {
             results_are_stored_byte_exact,
             health_reports_the_current_schema,
             settlements_wake_watches,
-            a_completion_sent_again_is_recognised
+            a_completion_sent_again_is_recognised,
+            batches_answer_item_by_item
         );
     };
     ($make:expr) => {
