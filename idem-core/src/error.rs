@@ -201,6 +201,37 @@ pub enum Error<E> {
         /// The decoding error.
         source: serde_json::Error,
     },
+    /// A batch tool was given more items than one call takes; nothing was claimed and the body
+    /// did not run. Split the items over several calls.
+    BatchTooLarge {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// How many items were given.
+        items: usize,
+        /// The most one call takes.
+        limit: usize,
+    },
+    /// An item of a batch has the same key as an earlier item of the same batch: it was not
+    /// claimed, and the body did not run on it (the earlier item's answer is the key's).
+    DuplicateInBatch {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// The item's position (from 0).
+        item: usize,
+        /// The position of the earlier item with the same key.
+        first: usize,
+    },
+    /// A batch tool's body answered another number of results than the items it was given:
+    /// its items may have had their effect, and which result is whose cannot be told, so each
+    /// of them is blocked as `unknown` until a state check or an operator decides.
+    BatchAnswer {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// How many items the body was given.
+        expected: usize,
+        /// How many results it answered.
+        answered: usize,
+    },
 }
 
 impl<E> Error<E> {
@@ -231,6 +262,7 @@ impl<E> Error<E> {
                 | Error::ResultNotStored { .. }
                 | Error::CompletionFailed { .. }
                 | Error::NotCommitted { .. }
+                | Error::BatchAnswer { .. }
                 | Error::ResultTooLarge {
                     replayed: false,
                     ..
@@ -297,6 +329,21 @@ impl<E> Error<E> {
                 size,
                 limit,
                 replayed,
+            },
+            Error::BatchTooLarge { tool, items, limit } => {
+                Error::BatchTooLarge { tool, items, limit }
+            }
+            Error::DuplicateInBatch { tool, item, first } => {
+                Error::DuplicateInBatch { tool, item, first }
+            }
+            Error::BatchAnswer {
+                tool,
+                expected,
+                answered,
+            } => Error::BatchAnswer {
+                tool,
+                expected,
+                answered,
             },
         }
     }
@@ -399,6 +446,26 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 "tool `{tool}` (key {key}): the stored result does not decode into the \
                  tool's return type"
             ),
+            Error::BatchTooLarge { tool, items, limit } => write!(
+                f,
+                "tool `{tool}` was given {items} items; one call takes at most {limit}: split \
+                 them over several calls (nothing ran)"
+            ),
+            Error::DuplicateInBatch { tool, item, first } => write!(
+                f,
+                "tool `{tool}`: item {item} has the same key as item {first} of the same batch; \
+                 it was not run (give each item its own key)"
+            ),
+            Error::BatchAnswer {
+                tool,
+                expected,
+                answered,
+            } => write!(
+                f,
+                "tool `{tool}`: the batch body answered {answered} results for {expected} items; \
+                 its items may have had their effect and are blocked as unknown until reconciled \
+                 (answer one result per item, in order)"
+            ),
         }
     }
 }
@@ -421,7 +488,10 @@ impl<E: StdError + 'static> StdError for Error<E> {
             | Error::InvalidTenant { .. }
             | Error::NoRuntime { .. }
             | Error::LeaseLost { .. }
-            | Error::ResultTooLarge { .. } => None,
+            | Error::ResultTooLarge { .. }
+            | Error::BatchTooLarge { .. }
+            | Error::DuplicateInBatch { .. }
+            | Error::BatchAnswer { .. } => None,
         }
     }
 }

@@ -26,6 +26,7 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod batch;
 pub mod canonical;
 pub mod clock;
 mod error;
@@ -41,6 +42,7 @@ pub mod store;
 #[doc(hidden)]
 pub use inventory;
 
+pub use batch::Batch;
 pub use error::{ClassifyError, Error, ErrorClass, OpenError, StoreError, StoreErrorKind};
 pub use fingerprint::{Fingerprint, fingerprint};
 pub use key::{

@@ -10,10 +10,13 @@ use crate::duration::parse_millis;
 const OPTIONS: &str = "`key`, `mutating`, `natural`, `required`, `name`, `ttl`, `lease`, `skip`, \
                        `on_error`, `on_orphan`, `check`, `transactional`, `wait`";
 
-/// A dotted path written in a string option: `run_id`, `req.run_id`.
+/// A dotted path written in a string option: `run_id`, `req.run_id`, or, in a batch tool's
+/// key, a path into each item of a list parameter: `items[].id`, `ids[]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldPath {
     pub segments: Vec<String>,
+    /// The root is a list (`items[]`) and the rest of the path applies to each of its items.
+    pub each: bool,
 }
 
 impl FieldPath {
@@ -21,7 +24,16 @@ impl FieldPath {
         &self.segments[0]
     }
 
+    /// The path as written: `req.run_id`, `items[].id`.
     pub fn dotted(&self) -> String {
+        if self.each {
+            let mut out = format!("{}[]", self.segments[0]);
+            for segment in &self.segments[1..] {
+                out.push('.');
+                out.push_str(segment);
+            }
+            return out;
+        }
         self.segments.join(".")
     }
 }
@@ -138,7 +150,34 @@ fn parse_paths(lit: &LitStr, option: &str) -> syn::Result<Vec<FieldPath>> {
             };
             return Err(syn::Error::new(lit.span(), msg));
         }
-        let segments: Vec<String> = raw.split('.').map(|s| s.trim().to_owned()).collect();
+        let mut segments: Vec<String> = raw.split('.').map(|s| s.trim().to_owned()).collect();
+        // `items[].id`: the key of each item of the list `items` (a batch tool).
+        let each = match segments[0].strip_suffix("[]") {
+            Some(root) if option == "key" => {
+                segments[0] = root.trim_end().to_owned();
+                true
+            }
+            Some(_) => {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "`{raw}`: `[]` marks the list of a batch tool, in `key` only (`key = \
+                         \"run_id, items[].id\"`); in `{option}`, name the parameter: `{}`",
+                        raw.replacen("[]", "", 1)
+                    ),
+                ));
+            }
+            None => false,
+        };
+        if segments[1..].iter().any(|s| s.contains("[]")) {
+            return Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`{raw}`: `[]` goes after the parameter that holds the items, as in \
+                     `items[].id`; a list inside an item cannot be keyed"
+                ),
+            ));
+        }
         for (i, segment) in segments.iter().enumerate() {
             // A tuple field (`params.0.run_id`, as in rmcp's `Parameters(T)`) past the root.
             let tuple_field =
@@ -156,7 +195,7 @@ fn parse_paths(lit: &LitStr, option: &str) -> syn::Result<Vec<FieldPath>> {
                 ));
             }
         }
-        paths.push(FieldPath { segments });
+        paths.push(FieldPath { segments, each });
     }
     Ok(paths)
 }

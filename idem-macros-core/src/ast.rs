@@ -42,8 +42,16 @@ impl Param {
 /// The return type: `Result<T, E>` as written, or something to resolve through `ToolResult`
 /// (an alias such as `anyhow::Result<T>`).
 pub enum Ret {
-    Explicit { ok: Box<Type>, err: Box<Type> },
+    Explicit {
+        ok: Box<Type>,
+        err: Box<Type>,
+    },
     Alias(Box<Type>),
+    /// `Vec<Result<T, E>>`: a batch tool's one result per item.
+    Batch {
+        ok: Box<Type>,
+        err: Box<Type>,
+    },
 }
 
 /// The transaction of a transactional tool: its first parameter, a reference, which the
@@ -128,7 +136,9 @@ impl Tool {
                      replays and the error decides what happens to the claim",
                 ));
             }
-            ReturnType::Type(_, ty) => explicit_result(ty).unwrap_or(Ret::Alias(ty.clone())),
+            ReturnType::Type(_, ty) => explicit_result(ty)
+                .or_else(|| batch_result(ty))
+                .unwrap_or(Ret::Alias(ty.clone())),
         };
         if transactional && transaction.is_none() {
             return Err(syn::Error::new(
@@ -165,6 +175,25 @@ impl Tool {
         } else {
             names.join(", ")
         }
+    }
+}
+
+/// `Vec<Result<T, E>>` (a path ending in `Vec` of an explicit `Result`).
+fn batch_result(ty: &Type) -> Option<Ret> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if path.qself.is_some() || last.ident != "Vec" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.iter().collect::<Vec<_>>().as_slice() {
+        [GenericArgument::Type(item)] => match explicit_result(item)? {
+            Ret::Explicit { ok, err } => Some(Ret::Batch { ok, err }),
+            _ => None,
+        },
+        _ => None,
     }
 }
 

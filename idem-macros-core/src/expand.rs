@@ -10,11 +10,14 @@ use syn::{Ident, ReturnType};
 use crate::args::{FieldPath, OnError, OnOrphan};
 use crate::ast::{Ret, Tool};
 use crate::signature::{body_future, rewritten_signature, split_attrs};
-use crate::valid::{Checked, Form, Keyed};
+use crate::valid::{Checked, Form, KeyPartPlan, Keyed};
 
 fn path_expr(path: &FieldPath, span: Span) -> TokenStream {
-    let segments = path.segments.iter().map(|s| {
-        if s == "self" {
+    let segments = path.segments.iter().enumerate().map(|(i, s)| {
+        if i == 0 && path.each {
+            // The item the batch's entry is made for.
+            quote_spanned!(span=> (*__idem_item))
+        } else if s == "self" {
             quote_spanned!(span=> self)
         } else if let Ok(index) = s.parse::<u32>() {
             let index = syn::Index { index, span };
@@ -87,6 +90,10 @@ fn registration(checked: &Checked) -> TokenStream {
             if let Some(ms) = keyed.wait_ms {
                 info.extend(quote!(.wait_ms(#ms)));
             }
+            if let Some(list) = &keyed.batch {
+                let list = list.to_string();
+                info.extend(quote!(.batch(#list)));
+            }
         }
     }
     quote! {
@@ -127,48 +134,60 @@ fn return_span(tool: &Tool) -> Span {
     }
 }
 
-fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
-    let parts = keyed.parts.iter().map(|part| {
-        let name = part.path.dotted();
-        if part.from_run {
-            // The durable run gives it: no parameter has the name.
-            let part_fn = format_ident!("{}_part", name);
-            let tool_arg = (name == "step_id").then(|| quote!(&__IDEM_TOOL));
+/// The call that adds one key part to `__idem_key`'s builder. A part the durable run gives is
+/// read where it is made, or, for a batch, from the binding `run_value` made once for all items.
+fn key_part(tool: &Tool, part: &KeyPartPlan, run_value: Option<&Ident>) -> TokenStream {
+    let name = part.path.dotted();
+    if part.from_run {
+        if let Some(value) = run_value {
             return quote_spanned! {part.span=>
-                .run_part(#name, ::idem::__private::#part_fn(#tool_arg))
+                .run_part(#name, ::core::clone::Clone::clone(&#value))
             };
         }
-        let expr = path_expr(&part.path, part.span);
-        let from_context = tool
-            .param(part.path.root())
-            .is_some_and(|p| p.source() == crate::ast::Source::ToolContext);
-        if from_context {
-            // Named, not probed: importing this trait beside the others would make every
-            // mistyped part ambiguous between them.
-            quote_spanned! {part.span=>
-                .part(#name, ::idem::__private::ContextKeyPart::idem_key_part(
-                    &::idem::__private::KeyPartProbe(&#expr),
-                ))
-            }
+        // The durable run gives it: no parameter has the name.
+        let part_fn = format_ident!("{}_part", name);
+        let tool_arg = (name == "step_id").then(|| quote!(&__IDEM_TOOL));
+        return quote_spanned! {part.span=>
+            .run_part(#name, ::idem::__private::#part_fn(#tool_arg))
+        };
+    }
+    let expr = path_expr(&part.path, part.span);
+    let from_context = tool
+        .param(part.path.root())
+        .is_some_and(|p| p.source() == crate::ast::Source::ToolContext);
+    if from_context {
+        // Named, not probed: importing this trait beside the others would make every
+        // mistyped part ambiguous between them.
+        quote_spanned! {part.span=>
+            .part(#name, ::idem::__private::ContextKeyPart::idem_key_part(
+                &::idem::__private::KeyPartProbe(&#expr),
+            ))
+        }
+    } else {
+        // The last resort of the probe, for a type that is not `Serialize`: a parameter
+        // itself (or a batch's item) is also an argument, whose own check is the one error; a
+        // field of one has its own error, at the part.
+        let last = if part.path.segments.len() == 1 {
+            quote!(::idem::__private::ArgumentKeyPart)
         } else {
-            // The last resort of the probe, for a type that is not `Serialize`: a parameter
-            // itself is also an argument, whose own check is the one error; a field of one has
-            // its own error, at the part.
-            let last = if part.path.segments.len() == 1 {
-                quote!(::idem::__private::ArgumentKeyPart)
-            } else {
-                quote!(::idem::key::UnserializableKeyPart)
-            };
-            quote_spanned! {part.span=>
-                .part(#name, {
-                    #[allow(unused_imports)]
-                    use ::idem::__private::{OptionalKeyPart as _, RequiredKeyPart as _};
-                    use #last as _;
-                    (&::idem::__private::KeyPartProbe(&#expr)).idem_key_part()
-                })
-            }
+            quote!(::idem::key::UnserializableKeyPart)
+        };
+        quote_spanned! {part.span=>
+            .part(#name, {
+                #[allow(unused_imports)]
+                use ::idem::__private::{OptionalKeyPart as _, RequiredKeyPart as _};
+                use #last as _;
+                (&::idem::__private::KeyPartProbe(&#expr)).idem_key_part()
+            })
         }
-    });
+    }
+}
+
+fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
+    if let Some(list) = &keyed.batch {
+        return batch_call(tool, keyed, list);
+    }
+    let parts = keyed.parts.iter().map(|part| key_part(tool, part, None));
     // One statement per argument, spanned at its type: a type that is not `Serialize` is one
     // error, at the parameter.
     // rig's tool context carries the host's own data, which changes from call to call: it
@@ -254,6 +273,91 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     }
 }
 
+/// A batch tool's call: an entry (key parts and fingerprint) per item of `list`, the parts the
+/// durable run gives read once for all of them, then one call into the runtime with the list
+/// and the body as a function of the items to run.
+fn batch_call(tool: &Tool, keyed: &Keyed, list: &Ident) -> TokenStream {
+    let run_values: Vec<(Ident, TokenStream)> = keyed
+        .parts
+        .iter()
+        .filter(|part| part.from_run)
+        .enumerate()
+        .map(|(i, part)| {
+            let name = part.path.dotted();
+            let part_fn = format_ident!("{}_part", name);
+            let tool_arg = (name == "step_id").then(|| quote!(&__IDEM_TOOL));
+            let binding = format_ident!("__idem_run_part_{}", i);
+            let value = quote_spanned!(part.span=> ::idem::__private::#part_fn(#tool_arg));
+            (binding, value)
+        })
+        .collect();
+    let mut bindings = run_values.iter().map(|(binding, _)| binding);
+    let parts: Vec<TokenStream> = keyed
+        .parts
+        .iter()
+        .map(|part| {
+            let run_value = part.from_run.then(|| bindings.next()).flatten();
+            key_part(tool, part, run_value)
+        })
+        .collect();
+    let run_lets = run_values
+        .iter()
+        .map(|(binding, value)| quote!(let #binding = #value;));
+    let args = tool
+        .params
+        .iter()
+        .filter(|p| p.source() != crate::ast::Source::ToolContext)
+        .map(|p| {
+            let ident = &p.ident;
+            let name = ident.to_string();
+            let value = if ident == list {
+                quote!(__idem_item)
+            } else {
+                quote!(&#ident)
+            };
+            quote_spanned! {p.ty.span()=>
+                let __idem_fingerprint =
+                    ::idem::fingerprint::ToolArgument::add_to(#value, __idem_fingerprint, #name);
+            }
+        });
+    let param = tool
+        .params
+        .iter()
+        .find(|p| p.ident == *list)
+        .expect("a batch's list is a parameter");
+    let (mutability, ty) = (&param.mutability, &param.ty);
+    let body = body_future(tool);
+    let policy = format_ident!("{}", keyed.on_error.names().0, span = return_span(tool));
+    let call = quote_spanned! {return_span(tool)=>
+        ::idem::__private::run_batch(
+            &__IDEM_TOOL,
+            ::idem::__private::#policy,
+            __idem_entries,
+            #list,
+            move |#mutability #list: #ty| #body,
+        )
+        .await
+    };
+    quote! {
+        #(#run_lets)*
+        let __idem_entries: ::std::vec::Vec<::idem::__private::BatchEntry> =
+            ::core::iter::Iterator::collect(::core::iter::Iterator::map(
+                ::core::iter::IntoIterator::into_iter(&#list),
+                |__idem_item| {
+                    let __idem_key = ::idem::__private::KeyParts::new() #(#parts)*;
+                    let __idem_fingerprint =
+                        ::idem::__private::ArgsFingerprint::new(__IDEM_TOOL.skip);
+                    #(#args)*
+                    ::idem::__private::BatchEntry::new(
+                        __idem_key,
+                        ::idem::__private::finish_fingerprint(__idem_fingerprint),
+                    )
+                },
+            ));
+        #call
+    }
+}
+
 /// What a keyed tool keeps for its retries, as bounds of the tool itself, spanned at its return
 /// type: its value `T: ::idem::Replayable`, and its error `E: ::idem::StoredError` (`store`) or
 /// `E: ::idem::ClassifiedError` (`classify`). A type that cannot be kept is then one error, there:
@@ -268,7 +372,7 @@ fn kept_bounds(tool: &Tool, keyed: &Keyed) -> Vec<syn::WherePredicate> {
         OnError::Classify => Some(quote_spanned!(span=> ::idem::ClassifiedError)),
     };
     match &tool.ret {
-        Ret::Explicit { ok, err } => {
+        Ret::Explicit { ok, err } | Ret::Batch { ok, err } => {
             let mut bounds = vec![syn::parse_quote_spanned! {span=> #ok: ::idem::Replayable }];
             if let Some(error_trait) = error_trait {
                 bounds.push(syn::parse_quote_spanned! {span=> #err: #error_trait });
@@ -301,7 +405,7 @@ fn kept_check(tool: &Tool, keyed: &Keyed) -> Option<TokenStream> {
     let generics = &tool.item.sig.generics;
     let span = return_span(tool);
     let (ok, err) = match &tool.ret {
-        Ret::Explicit { ok, err } => (quote!(#ok), quote!(#err)),
+        Ret::Explicit { ok, err } | Ret::Batch { ok, err } => (quote!(#ok), quote!(#err)),
         Ret::Alias(ty) => (
             quote!(<#ty as ::idem::ToolResult>::Ok),
             quote!(<#ty as ::idem::ToolResult>::Err),

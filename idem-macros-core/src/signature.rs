@@ -35,11 +35,15 @@ pub fn rewritten_signature(tool: &Tool) -> syn::Signature {
         Ret::Alias(ty) => syn::parse_quote_spanned! {span=>
             -> <#ty as ::idem::ToolResult>::Rewritten
         },
+        Ret::Batch { ok, err } => syn::parse_quote_spanned! {span=>
+            -> ::core::result::Result<::idem::Batch<#ok, #err>, ::idem::Error<#err>>
+        },
     };
     sig
 }
 
-/// `async move { let __idem_out: R = { body }; ToolResult::into_result(__idem_out) }`: the body
+/// `async move { let __idem_out: R = { body }; ToolResult::into_result(__idem_out) }` (a batch
+/// tool's `Vec<Result<T, E>>` as it is): the body
 /// as a future of a plain `Result`, whose type errors are reported at the user's own
 /// expressions, and a return type that is not a `Result` at that type (once: the signature's
 /// projection reports the same).
@@ -52,8 +56,12 @@ pub fn body_future(tool: &Tool) -> TokenStream {
         ReturnType::Type(_, ty) => (quote!(#ty), ty.span()),
         ReturnType::Default => (quote!(()), Span::call_site()),
     };
-    // At the return type, where the runtime call is spanned too.
-    let into_result = quote_spanned!(span=> ::idem::ToolResult::into_result(__idem_out));
+    // At the return type, where the runtime call is spanned too. A batch tool's results are
+    // handed on as they are.
+    let into_result = match &tool.ret {
+        Ret::Batch { .. } => quote!(__idem_out),
+        _ => quote_spanned!(span=> ::idem::ToolResult::into_result(__idem_out)),
+    };
     quote! {
         async move {
             #[allow(unreachable_code, clippy::diverging_sub_expression)]

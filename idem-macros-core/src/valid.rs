@@ -6,7 +6,7 @@ use syn::spanned::Spanned;
 use syn::{Ident, LitStr, Type};
 
 use crate::args::{Args, DurationArg, FieldPath, OnError, OnOrphan, attribute_span};
-use crate::ast::Tool;
+use crate::ast::{Ret, Tool};
 
 /// One key part, ready to expand.
 pub struct KeyPartPlan {
@@ -34,6 +34,8 @@ pub struct Keyed {
     pub transactional: bool,
     /// The declared `wait`, in milliseconds.
     pub wait_ms: Option<u64>,
+    /// A batch tool's list parameter (`items` of `items[].id`).
+    pub batch: Option<Ident>,
 }
 
 pub enum Form {
@@ -175,6 +177,13 @@ fn check_key(
         }
         let root = path.root();
         let param = tool.param(root);
+        if root == "self" && path.each {
+            errors.push(
+                span,
+                "`self[]` cannot hold a batch's items; name a `Vec` parameter",
+            );
+            continue;
+        }
         if root == "self" {
             if !tool.has_receiver {
                 errors.push(
@@ -193,7 +202,11 @@ fn check_key(
                 );
                 continue;
             }
-        } else if param.is_none() && path.segments.len() == 1 && RUN_PARTS.contains(&root) {
+        } else if param.is_none()
+            && path.segments.len() == 1
+            && !path.each
+            && RUN_PARTS.contains(&root)
+        {
             plans.push(KeyPartPlan {
                 path: path.clone(),
                 span,
@@ -225,6 +238,20 @@ fn check_key(
             );
             continue;
         }
+        if let Some(param) = param
+            && path.each
+            && type_name(&param.ty).as_deref() != Some("Vec")
+        {
+            errors.push(
+                param.ty.span(),
+                format!(
+                    "key part `{}` keys each item of `{root}`, which must be a `Vec<…>`: the \
+                     body gets the items to run as one `Vec`",
+                    path.dotted()
+                ),
+            );
+            continue;
+        }
         let mut broken = false;
         for segment in &path.segments {
             if let Some(reason) = volatile_reason(segment) {
@@ -249,7 +276,7 @@ fn check_key(
                 break;
             }
         }
-        if let (Some(param), 1) = (param, path.segments.len())
+        if let (Some(param), 1, false) = (param, path.segments.len(), path.each)
             && let Some(ty) = type_name(&param.ty).filter(|t| VOLATILE_TYPES.contains(&t.as_str()))
         {
             errors.push(
@@ -421,6 +448,7 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
                 check_ttl_covers_lease(ttl, lease, &mut errors);
             }
             check_transactional(&args, &mut errors);
+            let batch = check_batch(&tool, &args, &parts, &mut errors);
             Some(Form::Keyed(Keyed {
                 parts,
                 required: args.required.is_some(),
@@ -436,6 +464,7 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
                 check: args.check.as_ref().map(|c| c.1.clone()),
                 transactional: args.transactional.is_some(),
                 wait_ms: args.wait.as_ref().map(|w| w.1.millis),
+                batch,
             }))
         }
         (None, None) => {
@@ -452,6 +481,16 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
         }
     };
 
+    let batch = matches!(&form, Some(Form::Keyed(Keyed { batch: Some(_), .. })));
+    if let (Ret::Batch { .. }, false, syn::ReturnType::Type(_, ty)) =
+        (&tool.ret, batch, &sig.output)
+    {
+        errors.push(
+            ty.span(),
+            "`Vec<Result<T, E>>` is what a batch tool returns, one result per item of the list its \
+             key names (`key = \"run_id, items[].id\"`); any other tool returns `Result<T, E>`",
+        );
+    }
     errors.finish()?;
     Ok(Checked {
         stable_name: args.name.is_some(),
@@ -459,6 +498,83 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
         form: form.expect("a form when there are no errors"),
         tool,
     })
+}
+
+/// A batch tool (`items[].id` in its key): the list its key parts name (one), returned as
+/// one result per item; not transactional, without a state check or a wait.
+fn check_batch(
+    tool: &Tool,
+    args: &Args,
+    parts: &[KeyPartPlan],
+    errors: &mut Errors,
+) -> Option<Ident> {
+    let each: Vec<&KeyPartPlan> = parts.iter().filter(|p| p.path.each).collect();
+    let first = each.first()?;
+    let root = first.path.root();
+    if let Some(other) = each.iter().find(|p| p.path.root() != root) {
+        errors.push(
+            other.span,
+            format!(
+                "a batch tool keys the items of one list: `{}` and `{}` name two; key every \
+                 item part on `{root}[]`",
+                first.path.dotted(),
+                other.path.dotted()
+            ),
+        );
+    }
+    if let Some(whole) = parts.iter().find(|p| !p.path.each && p.path.root() == root) {
+        errors.push(
+            whole.span,
+            format!(
+                "`{root}` is the batch's list: key its items (`{root}[].…`), not `{}`",
+                whole.path.dotted()
+            ),
+        );
+    }
+    let refuse = |keyword: &Ident, why: &str, errors: &mut Errors| {
+        errors.push(
+            keyword.span(),
+            format!("`{keyword}` does not apply to a batch tool (`{root}[]` in its key): {why}"),
+        );
+    };
+    if let Some(keyword) = &args.transactional {
+        refuse(
+            keyword,
+            "its items are claimed and settled each on its own. Remove `transactional`, or key \
+             one item per call",
+            errors,
+        );
+    }
+    if let Some((keyword, _)) = &args.check {
+        refuse(
+            keyword,
+            "a batch runs no state check; its orphans follow `on_orphan`. Remove `check`, or \
+             key one item per call",
+            errors,
+        );
+    }
+    if let Some((keyword, _)) = &args.wait {
+        refuse(
+            keyword,
+            "an item in flight answers `InFlight` in the batch's answers. Remove `wait`, or key \
+             one item per call",
+            errors,
+        );
+    }
+    if !matches!(tool.ret, Ret::Batch { .. }) {
+        let span = match &tool.item.sig.output {
+            syn::ReturnType::Type(_, ty) => ty.span(),
+            syn::ReturnType::Default => tool.item.sig.paren_token.span.close(),
+        };
+        errors.push(
+            span,
+            format!(
+                "a batch tool (`{root}[]` in its key) answers one result per item it runs, in \
+                 their order: return `Vec<Result<T, E>>`"
+            ),
+        );
+    }
+    tool.param(root).map(|p| p.ident.clone())
 }
 
 /// A transactional tool's claim commits with its writes: it holds no lease, leaves no orphan and

@@ -13,6 +13,7 @@ use serde::Serialize;
 pub use idem_core::key::KeyPartProbe;
 pub use inventory;
 
+pub use crate::protocol::batch::BatchEntry;
 pub use crate::protocol::call::KeyParts;
 pub use crate::protocol::policy::{
     ClassifiedErrors, ErrorHandling, ReleaseErrors, StoreErrors, UnknownErrors,
@@ -23,7 +24,7 @@ pub use idem_core::fingerprint::ArgsFingerprint;
 use idem_core::canonical::CanonicalError;
 use idem_core::fingerprint::Fingerprint;
 use idem_core::key::{InvalidKey, KeyPart};
-use idem_core::{Error, ErrorClass, Outcome};
+use idem_core::{Batch, Error, ErrorClass, Outcome};
 
 use crate::protocol::call::{self, NoCheck, StateCheck};
 use crate::protocol::checked::CheckedAnswer;
@@ -151,6 +152,42 @@ where
     };
     let run = call::run::<Checked<V>, _, H, _, _, _, _>(tool, key, fingerprint, args, check, body);
     async move { run.await.map(|outcome| outcome.map(|checked| checked.0)) }
+}
+
+/// Runs a batch tool (`key = "…, items[].id"`): `entries` are the items' key parts and
+/// fingerprints, in the items' order; the body gets the items to run and answers one result per
+/// item, in their order. The value as for [`run_keyed`].
+pub fn run_batch<H, V, E, I, B, F>(
+    tool: &'static ToolInfo,
+    _policy: H,
+    entries: Vec<BatchEntry>,
+    items: Vec<I>,
+    body: B,
+) -> impl Future<Output = Result<Batch<V, E>, Error<E>>>
+where
+    E: ErrorHandling<H>,
+    V: Replayable,
+    B: FnOnce(Vec<I>) -> F,
+    F: Future<Output = Vec<Result<V, E>>>,
+{
+    let body = move |items| {
+        let body = body(items);
+        async move {
+            let results = body.await;
+            results.into_iter().map(|r| r.map(Checked)).collect()
+        }
+    };
+    let run =
+        crate::protocol::batch::run_batch::<Checked<V>, E, H, I, _, _>(tool, entries, items, body);
+    async move {
+        let batch = run.await?;
+        let items = batch.into_iter();
+        Ok(Batch::new(
+            items
+                .map(|item| item.map(|outcome| outcome.map(|checked| checked.0)))
+                .collect(),
+        ))
+    }
 }
 
 /// Runs a tool decided by its state check alone (no key): `found` is the check's answer, made

@@ -33,6 +33,7 @@ mod value;
 pub mod __private;
 
 pub use current::{Current, current};
+pub use protocol::batch::MAX_BATCH_ITEMS;
 pub use registry::audit;
 pub use runtime::{
     DEFAULT_LEASE, DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL, Idem,

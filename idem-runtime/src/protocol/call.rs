@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 
 use super::policy::ErrorHandling;
 use super::record::{encode_value, too_large_marker, too_large_record};
-use super::{Claimed, Claiming, Intent, claim_waiting};
+use super::{Claimed, Claiming, Intent, Recorded, claim_waiting};
 use crate::registry::ToolInfo;
 use crate::runtime::Scope;
 use crate::telemetry::Observation;
@@ -67,6 +67,27 @@ impl KeyParts {
                 self
             }
         }
+    }
+}
+
+impl KeyParts {
+    /// The key these parts derive for `tool` under `tenant`, or why there is none: a part is
+    /// invalid, asked of a run outside a run's step, or missing (every part is required).
+    pub(crate) fn derive_required<E>(
+        self,
+        tenant: &str,
+        tool: &'static str,
+    ) -> Result<IdempotencyKey, Error<E>> {
+        if let Some((part, reason)) = self.invalid {
+            return Err(Error::InvalidKey { tool, part, reason });
+        }
+        if let Some(part) = self.no_run {
+            return Err(Error::NoRun { tool, part });
+        }
+        if let Some(part) = self.missing {
+            return Err(Error::MissingKey { tool, part });
+        }
+        Ok(self.parts.derive(tenant, tool))
     }
 }
 
@@ -341,21 +362,31 @@ where
     }
 }
 
-/// Settles the claim with what the body answered: complete with its value, or as the policy
-/// classes its error (release, store, or block as unknown). A result larger than `limit` is
-/// never truncated: the record says how large it was.
-pub(crate) async fn settle<T, E, H>(
-    name: &'static str,
-    key: IdempotencyKey,
-    claimed: Claimed,
-    result: Result<T, E>,
+/// How a body's answer settles its claim, as the tool's policy classes it.
+pub(crate) enum Settling {
+    /// No effect happened: release, so a corrected retry may run.
+    Release,
+    /// Record the key as `status` with `bytes`; `too_large` is the size of a result over the
+    /// limit, recorded as its marker (never truncated).
+    Record {
+        status: RecordStatus,
+        bytes: Vec<u8>,
+        too_large: Option<usize>,
+    },
+    /// The value or error could not be encoded: the claim is left to its lease.
+    NotStored(serde_json::Error),
+}
+
+/// How `result` settles its claim, with the class of its error (`None` for a value).
+pub(crate) fn settling<T, E, H>(
+    result: &Result<T, E>,
     limit: usize,
-) -> Result<Outcome<T>, Error<E>>
+) -> (Option<ErrorClass>, Settling)
 where
     T: Serialize,
     E: ErrorHandling<H>,
 {
-    let (class, encoded) = match &result {
+    let (class, encoded) = match result {
         Ok(v) => (None, Some((RecordStatus::Completed, encode_value(v)))),
         Err(e) => {
             let class = ErrorHandling::<H>::class(e);
@@ -367,21 +398,44 @@ where
             (Some(class), encoded)
         }
     };
-    match encoded {
-        // No effect happened: release, so a corrected retry may run. If the release itself
-        // fails the lease still protects the key, so the tool's error, the more useful of the
-        // two, is what the caller gets.
-        None => {
-            let _ = claimed.release().await;
-        }
-        Some((_, Err(source))) => return Err(not_stored(name, key, source)),
+    let settling = match encoded {
+        None => Settling::Release,
+        Some((_, Err(source))) => Settling::NotStored(source),
         Some((status, Ok(bytes))) => {
             let too_large = (bytes.len() > limit).then_some(bytes.len());
-            let bytes = match too_large {
-                Some(size) => too_large_record(size, limit),
-                None => bytes,
-            };
-            let recorded = claimed.complete_retrying(status, &bytes).await;
+            Settling::Record {
+                status,
+                bytes: match too_large {
+                    Some(size) => too_large_record(size, limit),
+                    None => bytes,
+                },
+                too_large,
+            }
+        }
+    };
+    (class, settling)
+}
+
+/// What a call answers once its claim settled as `settling` said, with `recorded` the store's
+/// answer to a recording (ignored for a release: if it failed, the lease still protects the
+/// key, and the tool's error, the more useful of the two, is what the caller gets).
+pub(crate) fn settled<T, E>(
+    name: &'static str,
+    key: IdempotencyKey,
+    result: Result<T, E>,
+    class: Option<ErrorClass>,
+    settling: Settling,
+    recorded: Option<Recorded>,
+    limit: usize,
+) -> Result<Outcome<T>, Error<E>> {
+    match (settling, recorded) {
+        (Settling::Release, _) => {}
+        (Settling::NotStored(source), _) => return Err(not_stored(name, key, source)),
+        (Settling::Record { too_large, .. }, recorded) => {
+            let recorded = recorded.unwrap_or(Recorded {
+                answer: Ok(Fenced::Lost),
+                retries: 0,
+            });
             match recorded.answer {
                 Ok(Fenced::Applied) => {}
                 Ok(Fenced::Lost) => return Err(lease_lost(name, key)),
@@ -413,6 +467,34 @@ where
             class: class.unwrap_or(ErrorClass::Release),
         }),
     }
+}
+
+/// Settles the claim with what the body answered: complete with its value, or as the policy
+/// classes its error (release, store, or block as unknown). A result larger than `limit` is
+/// never truncated: the record says how large it was.
+pub(crate) async fn settle<T, E, H>(
+    name: &'static str,
+    key: IdempotencyKey,
+    claimed: Claimed,
+    result: Result<T, E>,
+    limit: usize,
+) -> Result<Outcome<T>, Error<E>>
+where
+    T: Serialize,
+    E: ErrorHandling<H>,
+{
+    let (class, settling) = settling::<T, E, H>(&result, limit);
+    let recorded = match &settling {
+        Settling::Release => {
+            let _ = claimed.release().await;
+            None
+        }
+        Settling::NotStored(_) => None,
+        Settling::Record { status, bytes, .. } => {
+            Some(claimed.complete_retrying(*status, bytes).await)
+        }
+    };
+    settled(name, key, result, class, settling, recorded, limit)
 }
 
 fn not_stored<E>(name: &'static str, key: IdempotencyKey, source: serde_json::Error) -> Error<E> {

@@ -54,7 +54,7 @@ impl Claimed {
 
     /// Renews the lease every [`renewal_period`] until the store says it is lost; never
     /// completes.
-    async fn renew_until_lost(&self) {
+    pub(super) async fn renew_until_lost(&self) {
         let period = renewal_period(self.lease);
         let mut held_until: UnixMillis = self.held_until;
         let mut wait = period;

@@ -18,6 +18,7 @@
 //! A key is only ever settled through the [`Claimed`] its claim returned: the fencing token
 //! never leaves it, so a settlement cannot name another claim's token.
 
+pub(crate) mod batch;
 pub(crate) mod call;
 pub(crate) mod checked;
 pub(crate) mod completion;
@@ -100,19 +101,9 @@ pub async fn claim(idem: &Idem, intent: &Intent) -> Result<Claiming, StoreError>
         })
         .await?;
     Ok(match claim {
-        Claim::Acquired { token, takeover } => Claiming::Acquired(Claimed {
-            idem: idem.clone(),
-            tool: intent.tool,
-            tenant: intent.tenant.clone(),
-            key: intent.key,
-            token,
-            ttl: intent.ttl,
-            takeover,
-            lease: intent.lease,
-            held_until: after(now, intent.lease),
-            lease_state: Arc::default(),
-            notify: !intent.wait.is_zero(),
-        }),
+        Claim::Acquired { token, takeover } => {
+            Claiming::Acquired(Claimed::new(idem, intent, token, takeover, now))
+        }
         Claim::Completed { result } => Claiming::Completed(result),
         Claim::Mismatch => Claiming::Mismatch,
         Claim::InFlight { lease_expires_at } => {
@@ -152,6 +143,29 @@ pub struct Claimed {
 }
 
 impl Claimed {
+    /// The claim of `intent`'s key that the store acquired at `now` with `token`.
+    fn new(
+        idem: &Idem,
+        intent: &Intent,
+        token: FencingToken,
+        takeover: bool,
+        now: UnixMillis,
+    ) -> Self {
+        Claimed {
+            idem: idem.clone(),
+            tool: intent.tool,
+            tenant: intent.tenant.clone(),
+            key: intent.key,
+            token,
+            ttl: intent.ttl,
+            takeover,
+            lease: intent.lease,
+            held_until: after(now, intent.lease),
+            lease_state: Arc::default(),
+            notify: !intent.wait.is_zero(),
+        }
+    }
+
     /// The fencing token (for the call's span).
     pub fn token(&self) -> FencingToken {
         self.token

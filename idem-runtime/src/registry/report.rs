@@ -190,7 +190,13 @@ impl Report {
                 (Form::Keyed, None) if t.transactional => {
                     "keyed (mutating), transactional".to_owned()
                 }
-                (Form::Keyed, None) => "keyed (mutating)".to_owned(),
+                (Form::Keyed, None) => match t.batch {
+                    Some(list) => format!(
+                        "keyed (mutating), batch: a key per item of `{list}` (at most {} a call)",
+                        crate::MAX_BATCH_ITEMS
+                    ),
+                    None => "keyed (mutating)".to_owned(),
+                },
                 (Form::Keyed, Some(check)) => {
                     format!("keyed (mutating), orphans reconciled by `{check}`")
                 }
@@ -354,6 +360,27 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
         assert_eq!(json["tools"][0]["transactional"], true);
         assert_eq!(json["tools"][0]["wait"], "500ms");
+    }
+
+    #[test]
+    fn a_batch_tool_says_over_which_list_and_never_waits() {
+        static SEND: crate::registry::ToolInfo =
+            crate::registry::ToolInfo::new("mail.send_all", "send_all", "m", "f.rs", 11)
+                .stable_name()
+                .key(&["run_id", "mails[].id"], false)
+                .batch("mails");
+        let report = Report::new(vec![&SEND], DEFAULT_TTL, DEFAULT_LEASE)
+            .with_default_wait(std::time::Duration::from_secs(5));
+        let md = report.to_markdown();
+        assert!(
+            md.contains(
+                "| `mail.send_all` | keyed (mutating), batch: a key per item of `mails` (at most \
+                 1000 a call) | `run_id`, `mails[].id` | 1d (default) | 30s (default) | — |"
+            ),
+            "{md}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["tools"][0]["batch"], "mails");
     }
 
     #[test]

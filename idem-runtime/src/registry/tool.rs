@@ -123,6 +123,9 @@ pub struct ToolInfo {
     /// transactional tool, whose call waits for the other's commit).
     #[serde(serialize_with = "ser_opt_duration")]
     pub wait: Option<Duration>,
+    /// A batch tool's list parameter (`items` of `key = "…, items[].id"`): each item has its
+    /// own key and outcome; its calls never wait.
+    pub batch: Option<&'static str>,
     /// The tool's metric keys, built at its first keyed call.
     #[serde(skip)]
     metrics: OnceLock<ToolMetrics>,
@@ -172,6 +175,7 @@ impl ToolInfo {
             check: None,
             transactional: false,
             wait: None,
+            batch: None,
             metrics: OnceLock::new(),
         }
     }
@@ -179,6 +183,12 @@ impl ToolInfo {
     /// Marks the tool transactional.
     pub const fn transactional(mut self) -> Self {
         self.transactional = true;
+        self
+    }
+
+    /// Marks the tool a batch over its parameter `list`.
+    pub const fn batch(mut self, list: &'static str) -> Self {
+        self.batch = Some(list);
         self
     }
 
@@ -276,10 +286,11 @@ impl ToolInfo {
     }
 
     /// How long a call waits for a concurrent one of the same key, when the runtime's default
-    /// wait is `default`: declared, else [`DEFAULT_WAIT`] for a transactional tool, else
-    /// `default`.
+    /// wait is `default`: none for a batch tool, declared, else [`DEFAULT_WAIT`] for a
+    /// transactional tool, else `default`.
     pub fn effective_wait(&self, default: Duration) -> Duration {
         match self.wait {
+            _ if self.batch.is_some() => Duration::ZERO,
             Some(wait) => wait,
             None if self.transactional => DEFAULT_WAIT,
             None => default,
