@@ -546,6 +546,18 @@ pub fn generate(checked: &Checked) -> TokenStream {
     let mut sig = rewritten_signature(tool);
     let mut kept = None;
     if let Form::Keyed(keyed) = &checked.form {
+        if let Some(list) = &keyed.batch {
+            // The list moves into the runtime: the body's own binding (in its closure) is the
+            // one that may be `mut`.
+            for input in &mut sig.inputs {
+                if let syn::FnArg::Typed(typed) = input
+                    && let syn::Pat::Ident(pat) = &mut *typed.pat
+                    && pat.ident == *list
+                {
+                    pat.mutability = None;
+                }
+            }
+        }
         kept = kept_check(tool, keyed);
         sig.generics
             .make_where_clause()

@@ -481,7 +481,12 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
         }
     };
 
-    let batch = matches!(&form, Some(Form::Keyed(Keyed { batch: Some(_), .. })));
+    // A list in the key, even one refused above, makes the tool a batch: its return is checked
+    // with it (once).
+    let batch = args
+        .key
+        .as_ref()
+        .is_some_and(|(_, list)| list.paths.iter().any(|p| p.each));
     if let (Ret::Batch { .. }, false, syn::ReturnType::Type(_, ty)) =
         (&tool.ret, batch, &sig.output)
     {

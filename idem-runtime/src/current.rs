@@ -7,6 +7,7 @@ use idem_core::key::{DownstreamKey, IdempotencyKey, KeyHash, derive_downstream_k
 
 tokio::task_local! {
     static CURRENT: Current;
+    static CURRENT_BATCH: CurrentBatch;
 }
 
 /// The call whose body is running: its tool, its key and its lease.
@@ -82,6 +83,80 @@ impl Current {
 /// (no key), and in tasks the body spawns (pass a clone of the [`Current`] along).
 pub fn current() -> Option<Current> {
     CURRENT.try_with(Current::clone).ok()
+}
+
+/// The items of a batch tool's call whose body is running: one [`Current`] per item the body
+/// was given, in the order it was given them.
+///
+/// Got with [`current_batch()`] inside the body of a batch tool (`key = "…, items[].id"`),
+/// where [`current()`] is `None` (the call has no one key). Each item's [`Current::derive`] is
+/// the key to send downstream for that item: the same at every retry and after a takeover, so
+/// a provider that honours it (Stripe's `Idempotency-Key`) applies an item sent again once.
+///
+/// ```
+/// # use idem_runtime as idem;
+/// # struct Invoice { id: String }
+/// # async fn charge(items: Vec<Invoice>) {
+/// let batch = idem::current_batch();
+/// for (i, invoice) in items.iter().enumerate() {
+///     let key = batch.as_ref().and_then(|b| b.item(i)).map(|call| call.derive("stripe"));
+///     // request.header("Idempotency-Key", key.as_str()) for this invoice
+/// #   let _ = (invoice, key);
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct CurrentBatch {
+    tool: &'static str,
+    items: Arc<[Current]>,
+}
+
+impl CurrentBatch {
+    /// The stable name of the running tool.
+    pub fn tool(&self) -> &'static str {
+        self.tool
+    }
+
+    /// How many items the body was given.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether the body was given no item (never: a batch with nothing to run runs no body).
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The call of the `index`-th item the body was given.
+    pub fn item(&self, index: usize) -> Option<&Current> {
+        self.items.get(index)
+    }
+
+    /// The calls of the items the body was given, in its order.
+    pub fn items(&self) -> &[Current] {
+        &self.items
+    }
+}
+
+/// The items of the batch whose body is running, inside the body of a batch tool; `None`
+/// elsewhere (and in tasks the body spawns: pass a clone along).
+pub fn current_batch() -> Option<CurrentBatch> {
+    CURRENT_BATCH.try_with(CurrentBatch::clone).ok()
+}
+
+/// Runs `body` as the body of a batch of `tool` over the items with these keys and leases.
+pub(crate) async fn run_batch_as<F: Future>(
+    tool: &'static str,
+    items: Vec<(IdempotencyKey, Arc<LeaseState>)>,
+    body: F,
+) -> F::Output {
+    let items = items
+        .into_iter()
+        .map(|(key, lease)| Current { tool, key, lease })
+        .collect();
+    CURRENT_BATCH
+        .scope(CurrentBatch { tool, items }, body)
+        .await
 }
 
 /// Runs `body` as the body of the call of `tool` with `key`, holding the lease `lease` tells of.

@@ -32,7 +32,7 @@ mod value;
 #[doc(hidden)]
 pub mod __private;
 
-pub use current::{Current, current};
+pub use current::{Current, CurrentBatch, current, current_batch};
 pub use protocol::batch::MAX_BATCH_ITEMS;
 pub use registry::audit;
 pub use runtime::{

@@ -31,6 +31,9 @@ use idem::store::sqlite::SqliteStore;
 use idem::store::{Claim, ClaimRequest, Completion, Fenced, RecordStatus, Store, StoreFuture};
 use idem::{Idem, derive_key, idempotent};
 
+#[path = "common/kills.rs"]
+mod kills;
+
 const INTENTS: u32 = 400;
 const LEASE: Duration = Duration::from_millis(150);
 
@@ -279,54 +282,6 @@ fn kill_9_at_random_moments_on_postgres() {
     });
 }
 
-/// Starts `child` (given its phase file) `cycles` times and kills each with SIGKILL after a
-/// random delay of `base_ms` plus up to `spread_ms`; then a last child, never killed, finishes
-/// what is left. Answers how many kills landed after each phase (the last mark in the child's
-/// phase file; `-` before the first).
-fn kill_cycles(
-    dir: &Path,
-    cycles: u32,
-    seed: u64,
-    (base_ms, spread_ms): (u64, u64),
-    child: impl Fn(&Path) -> std::process::Child,
-) -> HashMap<char, usize> {
-    let mut kills: HashMap<char, usize> = HashMap::new();
-    let mut seed = seed ^ u64::from(cycles);
-    let mut random = |below: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % below
-    };
-    for cycle in 0..cycles {
-        let phases = dir.join(format!("phases-{cycle}"));
-        let mut running = child(&phases);
-        std::thread::sleep(Duration::from_millis(base_ms + random(spread_ms)));
-        let killed = running.try_wait().unwrap().is_none();
-        running.kill().ok();
-        let status = running.wait().unwrap();
-        if killed {
-            let text = std::fs::read_to_string(&phases).unwrap_or_default();
-            let last = text
-                .lines()
-                .last()
-                .and_then(|l| l.chars().next())
-                .unwrap_or('-');
-            *kills.entry(last).or_default() += 1;
-        } else {
-            assert!(status.success(), "an unkilled child failed");
-        }
-    }
-    let phases = dir.join("phases-final");
-    let last = child(&phases).wait_with_output().unwrap();
-    assert!(
-        last.status.success(),
-        "{}",
-        String::from_utf8_lossy(&last.stderr)
-    );
-    kills
-}
-
 fn kill_9_cycles(postgres: Option<String>) {
     let cycles: u32 = std::env::var("IDEM_CRASH_CYCLES")
         .ok()
@@ -351,7 +306,7 @@ fn kill_9_cycles(postgres: Option<String>) {
     };
     // Killed at random moments; the last child finishes what is left (waiting out orphans'
     // leases).
-    let kills = kill_cycles(dir.path(), cycles, 0x1de3_0000, (15, 60), child);
+    let kills = kills::kill_cycles(dir.path(), cycles, 0x1de3_0000, (15, 60), child);
 
     let mut charged: HashMap<u32, usize> = HashMap::new();
     for line in std::fs::read_to_string(&ledger).unwrap().lines() {
@@ -520,7 +475,7 @@ fn kill_9_of_a_transactional_tool_on_postgres() {
             .spawn()
             .expect("spawn")
     };
-    let kills = kill_cycles(dir.path(), cycles, 0x7a5c_0000, (20, 80), child);
+    let kills = kills::kill_cycles(dir.path(), cycles, 0x7a5c_0000, (20, 80), child);
 
     let (orders, lines, statuses) = runtime.block_on(async {
         let count = |table: &'static str| {

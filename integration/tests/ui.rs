@@ -21,6 +21,8 @@ fn every_case_is_one_error_that_names_no_private_machinery() {
             "every_broken_rule_is_reported_in_one_pass.stderr",
             // The options a transactional tool refuses, all reported in one pass.
             "transactional_options.stderr",
+            // The options a batch tool refuses, likewise.
+            "batch_options.stderr",
         ],
     );
 }

@@ -8,7 +8,7 @@
 //! | refuse an item | its key part is invalid or missing, its arguments cannot be fingerprinted, its key repeats an earlier item's: that item's answer, the others go on |
 //! | claim | [`Store::claim_batch`](idem_core::store::Store::claim_batch): each item decided as a claim of its own |
 //! | answer without running | completed items replay (value or stored error), mismatches, items in flight and `unknown` items answer as a single call would |
-//! | run | the body gets the acquired items, in order, their leases renewed while it runs; it answers one result per item, in the same order |
+//! | run | the body gets the acquired items, in order, their leases renewed while it runs ([`current_batch()`](crate::current_batch()) gives each item's downstream key); it answers one result per item, in the same order |
 //! | settle | [`Store::settle_batch`](idem_core::store::Store::settle_batch): each item completed, released or marked `unknown` by the tool's `on_error` policy; if that round trip fails, each item's completion is tried again on its own as a single call's is |
 //!
 //! A body that answers another number of results than it was given items cannot say which
@@ -197,7 +197,12 @@ where
             }
         }
         let claims: Vec<&Claimed> = to_run.iter().map(|(_, _, claimed)| claimed).collect();
-        let results = hold_all(idem, &claims, body(chosen)).await;
+        let calls = to_run
+            .iter()
+            .map(|(_, key, claimed)| (*key, claimed.lease_state().clone()))
+            .collect();
+        let body = crate::current::run_batch_as(name, calls, body(chosen));
+        let results = hold_all(idem, &claims, body).await;
         let limit = idem.max_result_bytes();
         for (index, answer) in
             settle_all::<T, E, H>(idem, name, &tenant, ttl, to_run, results, limit).await
@@ -681,6 +686,46 @@ mod tests {
         assert!(ran.into_inner().unwrap().is_empty());
         let none = send::<ReleaseErrors>(&[], &Mutex::new(Vec::new()), doubled).await;
         assert!(matches!(none, Err(Error::NoRuntime { .. })));
+    }
+
+    #[tokio::test]
+    async fn the_body_knows_each_items_downstream_key_and_no_single_call() {
+        let idem = Idem::with_store(MemoryStore::new());
+        let seen = Mutex::new(Vec::new());
+        idem.scope("t")
+            .run(async {
+                let body = |given: Vec<(String, u8)>| async {
+                    assert!(crate::current().is_none(), "a batch has no one key");
+                    let batch = crate::current_batch().expect("inside a batch body");
+                    assert_eq!((batch.len(), batch.tool()), (given.len(), "batch.test"));
+                    let mut seen = seen.lock().unwrap();
+                    for (i, (id, content)) in given.iter().enumerate() {
+                        let key = batch.item(i).unwrap().derive("provider");
+                        seen.push((id.clone(), key.as_str().to_owned()));
+                        let _ = content;
+                    }
+                    given
+                        .into_iter()
+                        .map(|(_, c)| doubled(c))
+                        .collect::<Vec<_>>()
+                };
+                let all = items(0..3);
+                let entries = all.iter().map(|(id, c)| entry(id, *c)).collect();
+                run_batch::<u32, String, ReleaseErrors, _, _, _>(&TOOL, entries, all, body)
+                    .await
+                    .unwrap();
+            })
+            .await;
+        let seen = seen.into_inner().unwrap();
+        for (id, downstream) in &seen {
+            let parts = [KeyPart::new("run-1").unwrap(), KeyPart::new(id).unwrap()];
+            let key = idem_core::key::derive_key("t", "batch.test", &parts);
+            let expected = idem_core::key::derive_downstream_key(&key, "provider");
+            assert_eq!(downstream, expected.as_str(), "{id}: the item's own key");
+        }
+        assert_eq!(seen.len(), 3);
+        assert_ne!(seen[0].1, seen[1].1);
+        assert!(crate::current_batch().is_none(), "outside a body");
     }
 
     /// A memory store whose batch settlement lands and then loses its answer, once.
