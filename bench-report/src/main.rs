@@ -3,7 +3,7 @@
 //! `guide/src/benchmarks/chart.svg` (calls/s against concurrent callers, per backend).
 //!
 //! ```text
-//! cargo run -p bench-report -- --run     # runs `cargo bench` for sqlite, shared, http, wait, then writes
+//! cargo run -p bench-report -- --run     # runs `cargo bench` for sqlite, shared, http, wait, batch, then writes
 //! cargo run -p bench-report              # writes from the results of an earlier `cargo bench`
 //! ```
 //!
@@ -32,6 +32,11 @@ impl Results {
 
     fn per_second(&self, group: &str, bench: &str) -> Option<f64> {
         self.median(group, bench).map(|ns| 1e9 / ns)
+    }
+
+    /// The figures of the `batch` bench (`batch.json`), one object per store.
+    fn batches(&self) -> Option<Vec<serde_json::Value>> {
+        serde_json::from_slice(&std::fs::read(self.dir.join("batch.json")).ok()?).ok()
     }
 
     /// The figures of the `wait` bench (`wait.json`), one object per store.
@@ -429,6 +434,44 @@ fn markdown(results: &Results) -> String {
             ));
         }
     }
+    if let Some(batches) = results.batches() {
+        out.push_str("\n## Batches\n\n");
+        out.push_str(
+            "One call of a batch tool over 100 items against the same 100 items as single calls \
+             of a tool with the same body, new keys each round (median over the rounds, the modes \
+             alternating round by round); then both again over the same items, every item \
+             replayed. Store round trips are counted as the calls the runtime makes to the store \
+             (`benches/batch.rs`).\n\n",
+        );
+        out.push_str(
+            "| store | batch of 100 | round trips | 100 singles in turn | round trips | batch ÷ singles | 100 singles at once | batch ÷ at once | batch replayed | 100 singles replayed |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        );
+        for b in batches {
+            let mode = |name: &str, key: &str| b["modes"][name][key].as_f64();
+            let rate = |name: &str| {
+                mode(name, "items_per_s").map_or("—".into(), |v| format!("{v:.0} items/s"))
+            };
+            let trips =
+                |name: &str| mode(name, "round_trips").map_or("—".into(), |v| format!("{v:.0}"));
+            let times = |a: &str, c: &str| match (mode(a, "items_per_s"), mode(c, "items_per_s")) {
+                (Some(a), Some(c)) => format!("{:.1}×", a / c),
+                _ => "—".into(),
+            };
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                b["store"].as_str().unwrap_or("?"),
+                rate("batch"),
+                trips("batch"),
+                rate("singles in turn"),
+                trips("singles in turn"),
+                times("batch", "singles in turn"),
+                rate("singles at once"),
+                times("batch", "singles at once"),
+                rate("batch replayed"),
+                rate("singles replayed"),
+            ));
+        }
+    }
     if !missing.is_empty() {
         out.push_str(&format!(
             "\nNo results for {} in this run (set `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL`).\n",
@@ -521,6 +564,8 @@ fn main() -> ExitCode {
                 "http",
                 "--bench",
                 "wait",
+                "--bench",
+                "batch",
             ])
             .status();
         if !status.is_ok_and(|s| s.success()) {
