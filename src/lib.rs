@@ -62,6 +62,7 @@
 //! | MCP, rig, the retry executor and dead letters | [Agents](https://github.com/idem-rs/idem/blob/main/guide/src/agents.md) |
 //! | durable engines: keys from the run, resume windows | [Durable runs](https://github.com/idem-rs/idem/blob/main/guide/src/durable-runs.md) |
 //! | a duplicate that waits for the first call's result | [Duplicates that wait](https://github.com/idem-rs/idem/blob/main/guide/src/waiting.md) |
+//! | a key and an outcome per item, one round trip | [Batches](https://github.com/idem-rs/idem/blob/main/guide/src/batches.md) |
 //! | the `Idempotency-Key` layer and client | [HTTP](https://github.com/idem-rs/idem/blob/main/guide/src/http.md) |
 //! | the `idem` command, telemetry | [Operating](https://github.com/idem-rs/idem/blob/main/guide/src/operating.md) |
 //! | a failing store, fuzzing, a soak | [Testing your tools](https://github.com/idem-rs/idem/blob/main/guide/src/testing.md) |
@@ -370,6 +371,39 @@ pub mod __private {
 /// #[idempotent(key = "run_id, step_id", mutating, wait = "10s")]
 /// async fn send_invoice(run_id: String, step_id: String, to: String) -> Result<u64, String> {
 ///     Ok(1)
+/// }
+/// ```
+///
+/// # Batches: `key = "run_id, items[].id"`
+///
+/// `items[]` in the key makes a batch tool over the `Vec` parameter `items`: a key per item
+/// (the other parts with the item's `.id`; `items[]` alone keys on the item itself) and a
+/// fingerprint per item (the other arguments with that item). The claims of all the items take
+/// one store round trip, their settlements one more. The body gets only the items to run now,
+/// in their order, and returns one result per item, in the same order: `Vec<Result<T, E>>`,
+/// rewritten to `Result<Batch<T, E>, idem::Error<E>>`, one answer per item given ([`Batch`]:
+/// `Fresh`, `Replayed`, `Mismatch`, `InFlight`, `Unknown`, or that item's own error). Each
+/// item's error follows `on_error`; a bad item (a mismatch, an invalid key, a key repeated in
+/// the batch) never blocks the others. At most [`MAX_BATCH_ITEMS`] items a call. Inside the
+/// body, [`current_batch()`] gives each item's downstream key.
+///
+/// ```
+/// # use idem::idempotent;
+/// # #[derive(serde::Serialize)] struct Mail { id: u32, subject: String }
+/// #[idempotent(key = "run_id, mails[].id", mutating)]
+/// async fn send_mails(run_id: String, mails: Vec<Mail>) -> Vec<Result<u64, String>> {
+///     mails.iter().map(|mail| Ok(u64::from(mail.id))).collect()
+/// }
+/// ```
+///
+/// A batch tool is not `transactional`, has no `check` and does not `wait`; it returns one
+/// result per item:
+///
+/// ```compile_fail
+/// # use idem::idempotent;
+/// #[idempotent(key = "run_id, ids[]", mutating)] // error: return `Vec<Result<T, E>>`
+/// async fn send_all(run_id: String, ids: Vec<String>) -> Result<Vec<u64>, String> {
+///     Ok(Vec::new())
 /// }
 /// ```
 ///

@@ -219,20 +219,7 @@ fn main() {
         return;
     }
     let rounds: usize = std::env::var("IDEM_BENCH_BATCH_ROUNDS").map_or(30, |v| v.parse().unwrap());
-    let dir = tempfile::tempdir().unwrap();
-    let mut stores = vec![(
-        "SQLite",
-        format!("sqlite://{}", dir.path().join("batch.db").display()),
-    )];
-    for (name, var) in [
-        ("Postgres", "IDEM_TEST_POSTGRES_URL"),
-        ("Redis", "IDEM_TEST_REDIS_URL"),
-    ] {
-        match std::env::var(var) {
-            Ok(url) => stores.push((name, url)),
-            Err(_) => println!("batch: {name} skipped ({var} is unset)"),
-        }
-    }
+    let (_dir, stores) = support::stores("batch", "batch.db");
     let mut json = Vec::new();
     for (name, url) in stores {
         let f = measure(name, &url, rounds);
@@ -265,11 +252,5 @@ fn main() {
             "modes": modes,
         }));
     }
-    let out = support::criterion_dir();
-    std::fs::create_dir_all(&out).unwrap();
-    std::fs::write(
-        out.join("batch.json"),
-        serde_json::to_vec_pretty(&json).unwrap(),
-    )
-    .unwrap();
+    support::write_json("batch.json", &serde_json::Value::Array(json));
 }

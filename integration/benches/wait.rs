@@ -294,20 +294,7 @@ fn main() {
         return;
     }
     let rounds: usize = std::env::var("IDEM_BENCH_WAIT_ROUNDS").map_or(200, |v| v.parse().unwrap());
-    let dir = tempfile::tempdir().unwrap();
-    let mut stores = vec![(
-        "SQLite",
-        format!("sqlite://{}", dir.path().join("wait.db").display()),
-    )];
-    for (name, var) in [
-        ("Postgres", "IDEM_TEST_POSTGRES_URL"),
-        ("Redis", "IDEM_TEST_REDIS_URL"),
-    ] {
-        match std::env::var(var) {
-            Ok(url) => stores.push((name, url)),
-            Err(_) => println!("wait: {name} skipped ({var} is unset)"),
-        }
-    }
+    let (_dir, stores) = support::stores("wait", "wait.db");
     let mut json = Vec::new();
     for (name, url) in stores {
         let f = measure(name, &url, rounds);
@@ -335,11 +322,5 @@ fn main() {
             "polling_claims_per_caller": f.polling_claims,
         }));
     }
-    let out = support::criterion_dir();
-    std::fs::create_dir_all(&out).unwrap();
-    std::fs::write(
-        out.join("wait.json"),
-        serde_json::to_vec_pretty(&json).unwrap(),
-    )
-    .unwrap();
+    support::write_json("wait.json", &serde_json::Value::Array(json));
 }

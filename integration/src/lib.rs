@@ -26,6 +26,7 @@ doctests! {
     GuideAgents => "../../guide/src/agents.md",
     GuideDurableRuns => "../../guide/src/durable-runs.md",
     GuideWaiting => "../../guide/src/waiting.md",
+    GuideBatches => "../../guide/src/batches.md",
     GuideHttp => "../../guide/src/http.md",
     GuideOperating => "../../guide/src/operating.md",
     GuideTesting => "../../guide/src/testing.md",

@@ -12,8 +12,7 @@
 //!   item's record is completed, and only items a kill left unsettled were ever sent twice.
 
 use std::collections::HashMap;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,6 +31,7 @@ use serde::{Deserialize, Serialize};
 
 #[path = "common/kills.rs"]
 mod kills;
+use kills::{append_synced, env_path, open_store};
 
 /// A mail to send; `id` is its key within the run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -222,21 +222,6 @@ const ROUNDS: u32 = 20;
 const PER_ROUND: u32 = 20;
 const LEASE: Duration = Duration::from_millis(150);
 
-fn env_path(var: &str) -> PathBuf {
-    PathBuf::from(std::env::var(var).expect("set by the parent"))
-}
-
-/// Appends a line and syncs it to disk.
-fn append_synced(path: &Path, line: &str) {
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .expect("open");
-    file.write_all(line.as_bytes()).expect("append");
-    file.sync_data().expect("sync");
-}
-
 fn mark(phase: char, intent: u32) {
     append_synced(
         &env_path("IDEM_BATCH_PHASES"),
@@ -282,14 +267,6 @@ async fn charge_all(round: u32, intents: Vec<u32>) -> Vec<Result<u32, std::io::E
     }
     let _ = round;
     out
-}
-
-/// The store the workers share: the SQLite file, or Postgres when the parent names it.
-async fn open_store(postgres: Option<&str>, db: &Path) -> Box<dyn Store> {
-    match postgres {
-        Some(url) => Box::new(PostgresStore::open_url(url).await.expect("open postgres")),
-        None => Box::new(SqliteStore::open_path(db).expect("open")),
-    }
 }
 
 /// One worker: every round until all its items are answered `Fresh` or `Replayed`, waiting out
@@ -424,21 +401,5 @@ fn kill_9_mid_batch_on_sqlite() {
 /// The same against Postgres (a schema of its own), when `IDEM_TEST_POSTGRES_URL` names one.
 #[test]
 fn kill_9_mid_batch_on_postgres() {
-    let Some(url) = test_server_url("IDEM_TEST_POSTGRES_URL") else {
-        return;
-    };
-    let schema = format!("idem_batch_{}", uuid::Uuid::new_v4().simple());
-    let sep = if url.contains('?') { '&' } else { '?' };
-    kill_9_mid_batch(Some(format!("{url}{sep}schema={schema}")));
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        client
-            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-            .await
-            .unwrap();
-    });
+    kills::in_private_schema("idem_batch", |url| kill_9_mid_batch(Some(url)));
 }

@@ -19,38 +19,22 @@
 //! notes used 300).
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use idem::key::KeyPart;
 use idem::store::conformance::test_server_url;
 use idem::store::postgres::PostgresStore;
-use idem::store::sqlite::SqliteStore;
 use idem::store::{Claim, ClaimRequest, Completion, Fenced, RecordStatus, Store, StoreFuture};
 use idem::{Idem, derive_key, idempotent};
 
 #[path = "common/kills.rs"]
 mod kills;
+use kills::{append_synced, env_path, open_store};
 
 const INTENTS: u32 = 400;
 const LEASE: Duration = Duration::from_millis(150);
-
-fn env_path(var: &str) -> PathBuf {
-    PathBuf::from(std::env::var(var).expect("set by the parent"))
-}
-
-/// Appends a line and syncs it to disk.
-fn append_synced(path: &Path, line: &str) {
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .expect("open");
-    file.write_all(line.as_bytes()).expect("append");
-    file.sync_data().expect("sync");
-}
 
 fn mark(phase: char, intent: u32) {
     append_synced(
@@ -247,14 +231,6 @@ fn crash_worker() {
     });
 }
 
-/// The store the children share: the SQLite file, or Postgres when the parent names it.
-async fn open_store(postgres: Option<&str>, db: &Path) -> Box<dyn Store> {
-    match postgres {
-        Some(url) => Box::new(PostgresStore::open_url(url).await.expect("open postgres")),
-        None => Box::new(SqliteStore::open_path(db).expect("open")),
-    }
-}
-
 #[test]
 fn kill_9_at_random_moments() {
     kill_9_cycles(None);
@@ -263,23 +239,7 @@ fn kill_9_at_random_moments() {
 /// The same against Postgres (a schema of its own), when `IDEM_TEST_POSTGRES_URL` names one.
 #[test]
 fn kill_9_at_random_moments_on_postgres() {
-    let Some(url) = test_server_url("IDEM_TEST_POSTGRES_URL") else {
-        return;
-    };
-    let schema = format!("idem_crash_{}", uuid::Uuid::new_v4().simple());
-    let sep = if url.contains('?') { '&' } else { '?' };
-    kill_9_cycles(Some(format!("{url}{sep}schema={schema}")));
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        client
-            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-            .await
-            .unwrap();
-    });
+    kills::in_private_schema("idem_crash", |url| kill_9_cycles(Some(url)));
 }
 
 fn kill_9_cycles(postgres: Option<String>) {

@@ -3,8 +3,8 @@
 //!
 //! | operation | answers | one round trip on |
 //! |---|---|---|
-//! | [`Store::claim_batch`](super::Store::claim_batch) | one [`Claim`] per item, in the items' order, each decided by the one decision table as a claim of that key alone would be | SQLite: one job of the group commit; Postgres: one statement; Redis: one script |
-//! | [`Store::settle_batch`](super::Store::settle_batch) | one [`Fenced`] per item, in order: each completion or release fenced by its own token | likewise |
+//! | [`Store::claim_batch`] | one [`Claim`] per item, in the items' order, each decided by the one decision table as a claim of that key alone would be | SQLite: one job of the group commit; Postgres: one statement; Redis: one script |
+//! | [`Store::settle_batch`] | one [`Fenced`] per item, in order: each completion or release fenced by its own token | likewise |
 //!
 //! Items are independent: one item's mismatch or lost fence never changes another's answer. A
 //! batch is not a transaction over its items: a failure of the round trip itself is an error
@@ -12,8 +12,8 @@
 //! any unsettled claim's do). The keys of one batch are distinct; the runtime refuses an item
 //! whose key repeats an earlier one before the store is asked.
 //!
-//! The defaults claim and settle the items one by one through [`Store::claim`](super::Store::claim),
-//! [`Store::complete`](super::Store::complete) and [`Store::release`](super::Store::release):
+//! The defaults claim and settle the items one by one through [`Store::claim`],
+//! [`Store::complete`] and [`Store::release`]:
 //! correct for any store, one round trip per item. The backends of this workspace override them.
 
 use std::time::Duration;
@@ -128,7 +128,7 @@ impl<'a> BatchSettlement<'a> {
 }
 
 /// The claims of `batch` one by one: the default of
-/// [`Store::claim_batch`](super::Store::claim_batch).
+/// [`Store::claim_batch`].
 pub async fn claim_each<S: Store + ?Sized>(
     store: &S,
     batch: BatchClaim<'_>,
@@ -141,7 +141,7 @@ pub async fn claim_each<S: Store + ?Sized>(
 }
 
 /// The settlements of `batch` one by one: the default of
-/// [`Store::settle_batch`](super::Store::settle_batch).
+/// [`Store::settle_batch`].
 pub async fn settle_each<S: Store + ?Sized>(
     store: &S,
     batch: BatchSettlement<'_>,

@@ -1,7 +1,8 @@
 //! Stores: where claims and results live.
 //!
 //! [`Store`] is the small async trait every backend implements: claim, complete, renew,
-//! release, lookup, purge and a health check. The decision of a claim is made by one function,
+//! release, lookup, purge and a health check (and, for [`batch`]es, the claims and the
+//! settlements of many keys in one round trip, item by item unless a backend does better). The decision of a claim is made by one function,
 //! [`decide`], that every backend calls on the record it holds, inside its own atomic section,
 //! so the table below is written once:
 //!

@@ -375,11 +375,10 @@ pub fn alternated_summary<N: AsRef<str>>(bench: &str, title: &str, alternated: &
             })
         })
         .collect();
-    std::fs::write(
-        criterion_dir().join(format!("alternating-{bench}.json")),
-        serde_json::to_vec_pretty(&json).expect("json"),
-    )
-    .expect("write the alternated ratios");
+    write_json(
+        &format!("alternating-{bench}.json"),
+        &serde_json::Value::Array(json),
+    );
 }
 
 /// Whether the command line's filter (criterion's: a substring of the bench's name) lets the
@@ -390,4 +389,36 @@ pub fn wanted(name: &str) -> bool {
         .filter(|a| !a.starts_with('-'))
         .collect();
     filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))
+}
+
+/// The stores a bench runs against, by name and URL: a SQLite file `file` in a new temporary
+/// folder (kept while the returned guard lives), then Postgres and Redis when
+/// `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL` name them (said on stdout when they do not).
+pub fn stores(bench: &str, file: &str) -> (tempfile::TempDir, Vec<(&'static str, String)>) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let mut stores = vec![(
+        "SQLite",
+        format!("sqlite://{}", dir.path().join(file).display()),
+    )];
+    for (name, var) in [
+        ("Postgres", "IDEM_TEST_POSTGRES_URL"),
+        ("Redis", "IDEM_TEST_REDIS_URL"),
+    ] {
+        match std::env::var(var) {
+            Ok(url) => stores.push((name, url)),
+            Err(_) => println!("{bench}: {name} skipped ({var} is unset)"),
+        }
+    }
+    (dir, stores)
+}
+
+/// Writes `json` as `name` beside criterion's results, where `bench-report` reads it.
+pub fn write_json(name: &str, json: &serde_json::Value) {
+    let out = criterion_dir();
+    std::fs::create_dir_all(&out).expect("the results folder");
+    std::fs::write(
+        out.join(name),
+        serde_json::to_vec_pretty(json).expect("json"),
+    )
+    .expect("write the results");
 }

@@ -1,8 +1,62 @@
-//! Killing a worker process at random moments: the loop the kill tests share.
+//! Killing a worker process at random moments: the loop the kill tests share, and what their
+//! workers share (synced files, the store by name, a Postgres schema of the test's own).
+
+#![allow(dead_code)] // each kill test uses a part of it
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use idem::store::Store;
+use idem::store::postgres::PostgresStore;
+use idem::store::sqlite::SqliteStore;
+
+/// The path the parent gave a worker in the environment variable `var`.
+pub fn env_path(var: &str) -> PathBuf {
+    PathBuf::from(std::env::var(var).expect("set by the parent"))
+}
+
+/// Appends a line and syncs it to disk (it survives the kill that follows).
+pub fn append_synced(path: &Path, line: &str) {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("open");
+    file.write_all(line.as_bytes()).expect("append");
+    file.sync_data().expect("sync");
+}
+
+/// The store the workers share: the SQLite file, or Postgres when the parent names it.
+pub async fn open_store(postgres: Option<&str>, db: &Path) -> Box<dyn Store> {
+    match postgres {
+        Some(url) => Box::new(PostgresStore::open_url(url).await.expect("open postgres")),
+        None => Box::new(SqliteStore::open_path(db).expect("open")),
+    }
+}
+
+/// Runs `test` with the URL of a schema named `prefix` and a random suffix on the Postgres
+/// server of `IDEM_TEST_POSTGRES_URL` (nothing without one), then drops the schema.
+pub fn in_private_schema(prefix: &str, test: impl FnOnce(String)) {
+    let Some(url) = idem::store::conformance::test_server_url("IDEM_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let schema = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+    let sep = if url.contains('?') { '&' } else { '?' };
+    test(format!("{url}{sep}schema={schema}"));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    });
+}
 
 /// Starts `child` (given its phase file) `cycles` times and kills each with SIGKILL after a
 /// random delay of `base_ms` plus up to `spread_ms`; then a last child, never killed, finishes
