@@ -86,6 +86,8 @@ pub(super) struct Sql {
     /// very tokens, statuses and results (sent again after a lost answer): the positions that
     /// applied.
     pub(super) settle_batch: Statement,
+    /// The fenced renewals of a batch's items: the positions renewed.
+    pub(super) renew_batch: Statement,
     pub(super) renew: Statement,
     pub(super) release: Statement,
     pub(super) lookup: Statement,
@@ -205,6 +207,16 @@ impl Sql {
                     Type::TEXT_ARRAY,
                     Type::INT8,
                 ],
+            ),
+            renew_batch: statement(
+                format!(
+                    "UPDATE {t} r SET lease_expires_at = $3::int8, \
+                 expires_at = GREATEST(r.expires_at, $3::int8) \
+                 FROM unnest($2::bytea[], $4::int8[]) WITH ORDINALITY AS i(key, token, n) \
+                 WHERE r.tenant = $1::text AND r.key = i.key AND r.token = i.token \
+                 AND r.status = 'in_flight' RETURNING i.n"
+                ),
+                &[Type::TEXT, Type::BYTEA_ARRAY, Type::INT8, Type::INT8_ARRAY],
             ),
             renew: statement(
                 format!(

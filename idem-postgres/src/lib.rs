@@ -52,8 +52,9 @@ use idem_core::key::IdempotencyKey;
 use idem_core::store::batch::{by_key, in_item_order};
 use idem_core::store::replay_cache::ReplayCache;
 use idem_core::store::{
-    BatchClaim, BatchSettlement, Claim, ClaimRequest, Completion, Fenced, FencingToken, Record,
-    Renewal, Settle, Store, StoreFuture, StoreHealth, UnixMillis, Watch, after,
+    BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Fenced,
+    FencingToken, Record, Renewal, Settle, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
+    after,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -274,6 +275,21 @@ impl PostgresStore {
     }
 }
 
+/// The answers of a batch statement that returns the positions (from 1, in the order sent) of
+/// the items it applied: `Applied` there, `Lost` elsewhere.
+fn applied_positions(op: &str, rows: &[Row], items: usize) -> Result<Vec<Fenced>, StoreError> {
+    let mut answers = vec![Fenced::Lost; items];
+    for row in rows {
+        let n: i64 = row.get(0);
+        let slot = usize::try_from(n - 1)
+            .ok()
+            .and_then(|n| answers.get_mut(n))
+            .ok_or_else(|| corrupt(op, "the batch's answer named no item"))?;
+        *slot = Fenced::Applied;
+    }
+    Ok(answers)
+}
+
 impl Store for PostgresStore {
     fn backend(&self) -> &'static str {
         BACKEND
@@ -448,20 +464,32 @@ impl Store for PostgresStore {
             let rows = self
                 .query(OP, &self.inner.sql.settle_batch, &params)
                 .await?;
-            let mut answers = vec![Fenced::Lost; order.len()];
-            for row in &rows {
-                let n: i64 = row.get(0);
-                let slot = usize::try_from(n - 1)
-                    .ok()
-                    .and_then(|n| answers.get_mut(n))
-                    .ok_or_else(|| corrupt(OP, "the batch's settlement named no item"))?;
-                *slot = Fenced::Applied;
-            }
+            let answers = applied_positions(OP, &rows, order.len())?;
             for (item, answer) in items().zip(&answers) {
                 if *answer == Fenced::Applied {
                     self.inner.listener.settled(&item.key);
                 }
             }
+            Ok(in_item_order(&order, answers))
+        })
+    }
+
+    /// One statement: the fenced renewals of every item, in key order.
+    fn renew_batch<'a>(&'a self, batch: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        Box::pin(async move {
+            const OP: &str = "renew";
+            if batch.items.is_empty() {
+                return Ok(Vec::new());
+            }
+            let order = by_key(batch.items, |item| item.key);
+            let items = || order.iter().map(|&i| &batch.items[i]);
+            let keys: Vec<&[u8]> = items().map(|item| &item.key.as_bytes()[..]).collect();
+            let tokens: Vec<i64> = items().map(|item| item.token.get() as i64).collect();
+            let lease_expires_at = db_time(after(batch.now, batch.lease));
+            let params: [&(dyn ToSql + Sync); 4] =
+                [&batch.tenant, &keys, &lease_expires_at, &tokens];
+            let rows = self.query(OP, &self.inner.sql.renew_batch, &params).await?;
+            let answers = applied_positions(OP, &rows, order.len())?;
             Ok(in_item_order(&order, answers))
         })
     }

@@ -11,9 +11,9 @@ use super::record::{SCHEMA_VERSION, decode_record, layout};
 use super::store::RedisStore;
 use idem_core::key::IdempotencyKey;
 use idem_core::store::{
-    BatchClaim, BatchSettlement, Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken,
-    Orphans, Record, RecordStatus, Renewal, Settle, Store, StoreFuture, StoreHealth, UnixMillis,
-    Watch, after, decide,
+    BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Decision, Fenced,
+    FencingToken, Orphans, Record, RecordStatus, Renewal, Settle, Store, StoreFuture, StoreHealth,
+    UnixMillis, Watch, after, decide,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -127,19 +127,44 @@ return 1
 "
 );
 
-/// 1: renewed, 0: lost. ARGV: token, lease expiry, lease in ms. A record that would expire
-/// before its new lease lapses lives as long as the lease.
-pub(super) const RENEW: &str = r"
-local k = KEYS[1]
-local v = redis.call('GET', k)
-if not v or string.sub(v, 33, 33) ~= 'i' or string.sub(v, 82, 100) ~= ARGV[1] then return 0 end
-if tonumber(string.sub(v, 34, 49)) < tonumber(ARGV[2]) then
-  redis.call('SET', k, string.sub(v, 1, 33) .. ARGV[2] .. ARGV[2] .. string.sub(v, 66), 'PX', ARGV[3])
-else
-  redis.call('SET', k, string.sub(v, 1, 49) .. ARGV[2] .. string.sub(v, 66), 'KEEPTTL')
+/// The renewal of one key, as a Lua function (the body of [`RENEW`] and [`RENEW_BATCH`]):
+/// 1: renewed, 0: lost. Arguments: the record's key, the token, the lease's expiry, the lease in
+/// ms. A record that would expire before its new lease lapses lives as long as the lease.
+macro_rules! renew_fn {
+    () => {
+        r"
+local function renew(k, token, lease_at, lease_ms)
+  local v = redis.call('GET', k)
+  if not v or string.sub(v, 33, 33) ~= 'i' or string.sub(v, 82, 100) ~= token then return 0 end
+  if tonumber(string.sub(v, 34, 49)) < tonumber(lease_at) then
+    redis.call('SET', k, string.sub(v, 1, 33) .. lease_at .. lease_at .. string.sub(v, 66), 'PX', lease_ms)
+  else
+    redis.call('SET', k, string.sub(v, 1, 49) .. lease_at .. string.sub(v, 66), 'KEEPTTL')
+  end
+  return 1
 end
-return 1
-";
+"
+    };
+}
+
+/// 1: renewed, 0: lost. ARGV: token, lease expiry, lease in ms (see `renew_fn!`).
+pub(super) const RENEW: &str = concat!(
+    renew_fn!(),
+    "return renew(KEYS[1], ARGV[1], ARGV[2], ARGV[3])\n"
+);
+
+/// The renewals of a batch's keys, one answer per key in order (1: renewed, 0: lost). ARGV:
+/// lease expiry, lease in ms, then the token of each key.
+pub(super) const RENEW_BATCH: &str = concat!(
+    renew_fn!(),
+    r"
+local out = {}
+for i = 1, #KEYS do
+  out[i] = renew(KEYS[i], ARGV[2 + i], ARGV[1], ARGV[2])
+end
+return out
+"
+);
 
 /// 1: deleted, 0: lost. ARGV: token, the channel to announce the release on (empty: none) and
 /// the notice (the key in hex).
@@ -516,6 +541,46 @@ impl Store for RedisStore {
                 answers.push(Fenced::Applied);
             }
             Ok(answers)
+        })
+    }
+
+    /// One script over the items' keys.
+    fn renew_batch<'a>(&'a self, batch: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        Box::pin(async move {
+            const OP: &str = "renew";
+            if batch.items.is_empty() {
+                return Ok(Vec::new());
+            }
+            let lease_expires_at = time_arg(after(batch.now, batch.lease));
+            let lease = millis_arg(batch.lease);
+            let records: Vec<String> = batch
+                .items
+                .iter()
+                .map(|item| self.record_key(batch.tenant, &item.key))
+                .collect();
+            let tokens: Vec<String> = batch.items.iter().map(|i| token_arg(i.token)).collect();
+            let mut args: Vec<&[u8]> = vec![lease_expires_at.as_bytes(), lease.as_bytes()];
+            args.extend(tokens.iter().map(|t| t.as_bytes()));
+            let keys: Vec<&str> = records.iter().map(String::as_str).collect();
+            let renewed: Vec<i64> = self
+                .invoke(OP, &self.scripts.renew_batch, &keys, &args)
+                .await?;
+            if renewed.len() != batch.items.len() {
+                return Err(corrupt(
+                    OP,
+                    "the batch's renewal answered another number of items",
+                ));
+            }
+            Ok(renewed
+                .into_iter()
+                .map(|r| {
+                    if r == 1 {
+                        Fenced::Applied
+                    } else {
+                        Fenced::Lost
+                    }
+                })
+                .collect())
         })
     }
 

@@ -101,7 +101,7 @@ use self::connection::Connection;
 pub use self::record::SCHEMA_VERSION;
 
 use self::admin::RESOLVE;
-use self::claim::{CLAIM, CLAIM_BATCH, COMPLETE, RELEASE, RENEW, SETTLE_BATCH};
+use self::claim::{CLAIM, CLAIM_BATCH, COMPLETE, RELEASE, RENEW, RENEW_BATCH, SETTLE_BATCH};
 
 inventory::submit! {
     idem_core::store::admin::Driver::new(
@@ -220,6 +220,7 @@ impl RedisStore {
                 complete: Script::new(COMPLETE),
                 settle_batch: Script::new(SETTLE_BATCH),
                 renew: Script::new(RENEW),
+                renew_batch: Script::new(RENEW_BATCH),
                 release: Script::new(RELEASE),
                 resolve: Script::new(RESOLVE),
             }),

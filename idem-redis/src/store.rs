@@ -43,6 +43,7 @@ pub(crate) struct Scripts {
     pub(crate) complete: Script,
     pub(crate) settle_batch: Script,
     pub(crate) renew: Script,
+    pub(crate) renew_batch: Script,
     pub(crate) release: Script,
     pub(crate) resolve: Script,
 }

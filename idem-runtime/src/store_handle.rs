@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use idem_core::IdempotencyKey;
 use idem_core::store::{
-    BatchClaim, BatchSettlement, Claim, ClaimRequest, Completion, Fenced, FencingToken, Record,
-    Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
+    BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Fenced,
+    FencingToken, Record, Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
 };
 
 /// The store an [`Idem`](crate::Idem) runtime calls: every [`Store`] operation (it derefs to
@@ -65,6 +65,9 @@ impl Store for IdemStore {
     }
     fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced> {
         self.0.renew(renewal)
+    }
+    fn renew_batch<'a>(&'a self, batch: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        self.0.renew_batch(batch)
     }
     fn release<'a>(
         &'a self,

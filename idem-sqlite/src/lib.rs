@@ -45,8 +45,9 @@ use idem_core::key::IdempotencyKey;
 use idem_core::store::read_first::{ONE, ReadFirst};
 use idem_core::store::replay_cache::ReplayCache;
 use idem_core::store::{
-    BatchClaim, BatchSettlement, Claim, ClaimRequest, Completion, Fenced, FencingToken, Record,
-    Renewal, Settle, Store, StoreFuture, StoreHealth, UnixMillis, Watch, Watchers, after, decide,
+    BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Fenced,
+    FencingToken, Record, Renewal, Settle, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
+    Watchers, after, decide,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -327,6 +328,34 @@ impl Store for SqliteStore {
                 lease_expires_at: after(r.now, r.lease),
             };
             self.shared.write_fenced(op).await
+        })
+    }
+
+    /// The items' renewals in one job of the group commit.
+    fn renew_batch<'a>(&'a self, batch: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        Box::pin(async move {
+            if batch.items.is_empty() {
+                return Ok(Vec::new());
+            }
+            let ops = batch.items.iter().map(|item| Op::Renew {
+                tenant: batch.tenant.to_owned(),
+                key: item.key,
+                token: item.token,
+                lease_expires_at: after(batch.now, batch.lease),
+            });
+            let Reply::Batch(replies) = self.shared.write(Op::Batch(ops.collect())).await? else {
+                return Err(unexpected());
+            };
+            if replies.len() != batch.items.len() {
+                return Err(unexpected());
+            }
+            replies
+                .into_iter()
+                .map(|reply| match reply {
+                    Reply::Fenced(fenced) => Ok(fenced),
+                    _ => Err(unexpected()),
+                })
+                .collect()
         })
     }
 

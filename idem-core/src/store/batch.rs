@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | [`Store::claim_batch`] | one [`Claim`] per item, in the items' order, each decided by the one decision table as a claim of that key alone would be | SQLite: one job of the group commit; Postgres: one statement; Redis: one script |
 //! | [`Store::settle_batch`] | one [`Fenced`] per item, in order: each completion or release fenced by its own token | likewise |
+//! | [`Store::renew_batch`] | one [`Fenced`] per item, in order: each lease renewed as [`Store::renew`] would | likewise |
 //!
 //! Items are independent: one item's mismatch or lost fence never changes another's answer. A
 //! batch is not a transaction over its items: a failure of the round trip itself is an error
@@ -18,7 +19,9 @@
 
 use std::time::Duration;
 
-use super::{Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, RecordStatus, Store};
+use super::{
+    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, RecordStatus, Renewal, Store,
+};
 use crate::clock::UnixMillis;
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
@@ -125,6 +128,54 @@ impl<'a> BatchSettlement<'a> {
             Settle::Release => None,
         }
     }
+}
+
+/// One claimed item of a [`BatchRenewal`]: its key and the token its claim returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimedItem {
+    /// The key.
+    pub key: IdempotencyKey,
+    /// The token of the item's claim.
+    pub token: FencingToken,
+}
+
+/// The renewals of a batch's claimed items, each as a [`Renewal`] fenced by its own token:
+/// the lease of each still `in_flight` record its token owns lapses at `now + lease`.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchRenewal<'a> {
+    /// The tenant.
+    pub tenant: &'a str,
+    /// The caller's clock.
+    pub now: UnixMillis,
+    /// The lease from `now`.
+    pub lease: Duration,
+    /// The items.
+    pub items: &'a [ClaimedItem],
+}
+
+impl<'a> BatchRenewal<'a> {
+    /// The renewal of `item` alone.
+    pub fn renewal(&self, item: &ClaimedItem) -> Renewal<'a> {
+        Renewal {
+            tenant: self.tenant,
+            key: item.key,
+            token: item.token,
+            now: self.now,
+            lease: self.lease,
+        }
+    }
+}
+
+/// The renewals of `batch` one by one: the default of [`Store::renew_batch`].
+pub async fn renew_each<S: Store + ?Sized>(
+    store: &S,
+    batch: BatchRenewal<'_>,
+) -> Result<Vec<Fenced>, StoreError> {
+    let mut answers = Vec::with_capacity(batch.items.len());
+    for item in batch.items {
+        answers.push(store.renew(batch.renewal(item)).await?);
+    }
+    Ok(answers)
 }
 
 /// The claims of `batch` one by one: the default of

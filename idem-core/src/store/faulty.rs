@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::{
-    BatchClaim, BatchSettlement, Claim, ClaimRequest, Completion, Fenced, FencingToken, Record,
-    Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
+    BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Fenced,
+    FencingToken, Record, Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -208,6 +208,10 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(self.inject("renew", self.inner.renew(renewal)))
+    }
+
+    fn renew_batch<'a>(&'a self, batch: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        Box::pin(self.inject("renew", self.inner.renew_batch(batch)))
     }
 
     fn release<'a>(

@@ -45,7 +45,9 @@ pub mod tls;
 pub mod watch;
 
 pub use crate::clock::{UnixMillis, after};
-pub use batch::{BatchClaim, BatchItem, BatchSettlement, Settle, Settlement};
+pub use batch::{
+    BatchClaim, BatchItem, BatchRenewal, BatchSettlement, ClaimedItem, Settle, Settlement,
+};
 pub use decide::{Decision, Held, decide};
 pub use record::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Renewal,
@@ -94,6 +96,13 @@ pub trait Store: Send + Sync {
     /// Extends the lease of a claimed `in_flight` record, if the token still owns it: the lease
     /// lapses at `now + lease`, and the record expires no earlier than that.
     fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced>;
+
+    /// Renews the leases of a batch's items, each fenced by its own token: one answer per
+    /// item, in order, each as [`Store::renew`] of that item would answer. The default renews
+    /// them one by one; a backend answers in one round trip.
+    fn renew_batch<'a>(&'a self, batch: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+        Box::pin(batch::renew_each(self, batch))
+    }
 
     /// Deletes a claimed record, if the token still owns it, so the key is new again.
     fn release<'a>(
@@ -159,6 +168,9 @@ macro_rules! forward_store {
             }
             fn renew<'a>(&'a self, renewal: Renewal<'a>) -> StoreFuture<'a, Fenced> {
                 (**self).renew(renewal)
+            }
+            fn renew_batch<'a>(&'a self, batch: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+                (**self).renew_batch(batch)
             }
             fn release<'a>(
                 &'a self,

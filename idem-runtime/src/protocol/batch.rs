@@ -8,7 +8,7 @@
 //! | refuse an item | its key part is invalid or missing, its arguments cannot be fingerprinted, its key repeats an earlier item's: that item's answer, the others go on |
 //! | claim | [`Store::claim_batch`](idem_core::store::Store::claim_batch): each item decided as a claim of its own |
 //! | answer without running | completed items replay (value or stored error), mismatches, items in flight and `unknown` items answer as a single call would |
-//! | run | the body gets the acquired items, in order, their leases renewed while it runs ([`current_batch()`](crate::current_batch()) gives each item's downstream key); it answers one result per item, in the same order |
+//! | run | the body gets the acquired items, in order, their leases renewed while it runs (one [`Store::renew_batch`](idem_core::store::Store::renew_batch) a period) ([`current_batch()`](crate::current_batch()) gives each item's downstream key); it answers one result per item, in the same order |
 //! | settle | [`Store::settle_batch`](idem_core::store::Store::settle_batch): each item completed, released or marked `unknown` by the tool's `on_error` policy; if that round trip fails, each item's completion is tried again on its own as a single call's is |
 //!
 //! A body that answers another number of results than it was given items cannot say which
@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 
@@ -202,7 +202,7 @@ where
             .map(|(_, key, claimed)| (*key, claimed.lease_state().clone()))
             .collect();
         let body = crate::current::run_batch_as(name, calls, body(chosen));
-        let results = hold_all(idem, &claims, body).await;
+        let results = super::lease::hold_all(&claims, body).await;
         let limit = idem.max_result_bytes();
         for (index, answer) in
             settle_all::<T, E, H>(idem, name, &tenant, ttl, to_run, results, limit).await
@@ -235,28 +235,6 @@ fn item_key<E>(
         .map_err(|source| Error::Unfingerprintable { tool: name, source })?;
     let key = entry.key.derive_required(tenant, name)?;
     Ok(BatchItem { key, fingerprint })
-}
-
-/// Runs `body` while the lease of every claim in `claims` is renewed (see `lease.rs`).
-async fn hold_all<F: Future>(idem: &Idem, claims: &[&Claimed], body: F) -> F::Output {
-    if !idem.renews_leases() {
-        return body.await;
-    }
-    let mut body = pin!(body);
-    let mut renewals: Vec<Pin<Box<_>>> = claims
-        .iter()
-        .map(|claimed| Box::pin(claimed.renew_until_lost()))
-        .collect();
-    poll_fn(|cx| {
-        if let Poll::Ready(output) = body.as_mut().poll(cx) {
-            return Poll::Ready(output);
-        }
-        for renewal in &mut renewals {
-            let _ = renewal.as_mut().poll(cx);
-        }
-        Poll::Pending
-    })
-    .await
 }
 
 /// Settles every claimed item with its result, in one round trip; through a store error, each
@@ -726,6 +704,50 @@ mod tests {
         assert_eq!(seen.len(), 3);
         assert_ne!(seen[0].1, seen[1].1);
         assert!(crate::current_batch().is_none(), "outside a body");
+    }
+
+    static SHORT_LEASE: ToolInfo = ToolInfo::new("batch.slow", "send", "m", "f.rs", 2)
+        .stable_name()
+        .key(&["run", "items[].id"], true)
+        .lease_ms(30);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_body_longer_than_its_lease_keeps_every_items_lease() {
+        let idem = Idem::with_store(MemoryStore::new());
+        let scope = idem.scope("t");
+        let call = |ms: u64| {
+            let all = items(0..5);
+            let entries = all.iter().map(|(id, c)| entry(id, *c)).collect();
+            let body = move |given: Vec<(String, u8)>| async move {
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                let batch = crate::current_batch().expect("a batch");
+                assert!(batch.items().iter().all(|call| !call.is_lease_lost()));
+                given
+                    .into_iter()
+                    .map(|(_, c)| doubled(c))
+                    .collect::<Vec<_>>()
+            };
+            scope.run(run_batch::<u32, String, ReleaseErrors, _, _, _>(
+                &SHORT_LEASE,
+                entries,
+                all,
+                body,
+            ))
+        };
+        // The body runs for more than six leases; meanwhile a second call finds every item held.
+        let (first, second) = tokio::join!(call(200), async {
+            tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+            call(0).await
+        });
+        let second = second.unwrap();
+        assert!(
+            second.iter().all(|a| matches!(a, Ok(Outcome::InFlight(_)))),
+            "renewed, never taken over: {second:?}"
+        );
+        let first = first.unwrap();
+        assert_eq!(first.ran(), 5);
+        let third = call(0).await.unwrap();
+        assert!(third.iter().all(|a| matches!(a, Ok(Outcome::Replayed(_)))));
     }
 
     /// A memory store whose batch settlement lands and then loses its answer, once.

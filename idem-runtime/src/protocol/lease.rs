@@ -23,7 +23,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use super::Claimed;
-use idem_core::store::{Fenced, Renewal, UnixMillis, after};
+use idem_core::store::{BatchRenewal, ClaimedItem, Fenced, Renewal, UnixMillis, after};
 
 /// How often a lease is renewed: a third of it, so that two renewals in a row may fail before
 /// it lapses.
@@ -37,54 +37,98 @@ impl Claimed {
     /// The body is polled first; the renewals only when it is pending, so a body that finishes
     /// without waiting never starts a timer.
     pub async fn hold<F: Future>(&self, body: F) -> F::Output {
-        if !self.idem.renews_leases() {
-            return body.await;
-        }
-        let mut body = pin!(body);
-        let mut renewals = pin!(self.renew_until_lost());
-        std::future::poll_fn(|cx| {
-            if let Poll::Ready(output) = body.as_mut().poll(cx) {
-                return Poll::Ready(output);
-            }
-            let _ = renewals.as_mut().poll(cx);
-            Poll::Pending
-        })
-        .await
+        hold_all(&[self], body).await
     }
+}
 
-    /// Renews the lease every [`renewal_period`] until the store says it is lost; never
-    /// completes.
-    pub(super) async fn renew_until_lost(&self) {
-        let period = renewal_period(self.lease);
-        let mut held_until: UnixMillis = self.held_until;
-        let mut wait = period;
-        loop {
-            crate::timer::sleep(wait).await;
-            let now = self.idem.clock().now();
-            let renewed = self
-                .idem
+/// Runs `body` while the leases of `claims` (of one tenant and one lease, as a batch's are) are
+/// renewed, and answers what `body` answers: as [`Claimed::hold`], with one round trip a period
+/// for all of them ([`Store::renew_batch`](idem_core::store::Store::renew_batch)).
+pub(super) async fn hold_all<F: Future>(claims: &[&Claimed], body: F) -> F::Output {
+    if !claims.first().is_some_and(|c| c.idem.renews_leases()) {
+        return body.await;
+    }
+    let mut body = pin!(body);
+    let mut renewals = pin!(renew_until_lost(claims));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = body.as_mut().poll(cx) {
+            return Poll::Ready(output);
+        }
+        let _ = renewals.as_mut().poll(cx);
+        Poll::Pending
+    })
+    .await
+}
+
+/// Renews the leases of `claims` every [`renewal_period`] until the store says each is lost;
+/// never completes. One claim is renewed by [`Store::renew`](idem_core::store::Store::renew),
+/// several in one [`Store::renew_batch`](idem_core::store::Store::renew_batch).
+async fn renew_until_lost(claims: &[&Claimed]) {
+    let Some(first) = claims.first() else {
+        return std::future::pending().await;
+    };
+    let (idem, lease) = (&first.idem, first.lease);
+    let period = renewal_period(lease);
+    // Each claim still held, and when the lease the store last confirmed for it lapses.
+    let mut held: Vec<(&Claimed, UnixMillis)> = claims.iter().map(|c| (*c, c.held_until)).collect();
+    let mut wait = period;
+    loop {
+        crate::timer::sleep(wait).await;
+        let now = idem.clock().now();
+        let renewed = match held.as_slice() {
+            [(claimed, _)] => idem
                 .store()
                 .renew(Renewal {
-                    tenant: &self.tenant,
-                    key: self.key,
-                    token: self.token,
+                    tenant: &claimed.tenant,
+                    key: claimed.key,
+                    token: claimed.token,
                     now,
-                    lease: self.lease,
+                    lease,
                 })
-                .await;
-            wait = period;
-            match renewed {
-                Ok(Fenced::Applied) => held_until = after(now, self.lease),
-                Ok(Fenced::Lost) => {
-                    self.lease_state.refuse();
+                .await
+                .map(|answer| vec![answer]),
+            _ => {
+                let items: Vec<ClaimedItem> = held
+                    .iter()
+                    .map(|(claimed, _)| ClaimedItem {
+                        key: claimed.key,
+                        token: claimed.token,
+                    })
+                    .collect();
+                let batch = BatchRenewal {
+                    tenant: &first.tenant,
+                    now,
+                    lease,
+                    items: &items,
+                };
+                idem.store().renew_batch(batch).await
+            }
+        };
+        wait = period;
+        match renewed {
+            Ok(answers) if answers.len() == held.len() => {
+                let mut still = Vec::with_capacity(held.len());
+                for ((claimed, _), answer) in held.into_iter().zip(answers) {
+                    match answer {
+                        Fenced::Applied => still.push((claimed, after(now, lease))),
+                        Fenced::Lost => claimed.lease_state.refuse(),
+                    }
+                }
+                held = still;
+                if held.is_empty() {
                     return std::future::pending().await;
                 }
-                Err(_) => {
-                    if self.idem.clock().now() >= held_until {
-                        self.lease_state.lose();
+            }
+            // A store error (or an answer that does not match): tried again soon; a lease the
+            // store last confirmed that has lapsed by this caller's clock is lost.
+            _ => {
+                let now = idem.clock().now();
+                for (claimed, held_until) in &held {
+                    if now >= *held_until {
+                        claimed.lease_state.lose();
                     }
-                    wait = period / 3;
                 }
+                wait = period / 3;
             }
         }
     }

@@ -1,12 +1,12 @@
-//! The checks of batches: one answer per item, in the items' order, each as the claim or
-//! settlement of that item alone would answer.
+//! The checks of batches: one answer per item, in the items' order, each as the claim,
+//! settlement or renewal of that item alone would answer.
 
 use std::sync::Arc;
 
 use super::support::{LEASE, T0, TTL, acquire, claim, completion, fp, key, ms, tenant};
 use crate::store::{
-    BatchClaim, BatchItem, BatchSettlement, Claim, Fenced, FencingToken, Orphans, RecordStatus,
-    Settle, Settlement, Store,
+    BatchClaim, BatchItem, BatchRenewal, BatchSettlement, Claim, ClaimedItem, Fenced, FencingToken,
+    Orphans, RecordStatus, Settle, Settlement, Store,
 };
 
 /// A batch over keys in every state answers item by item in its own order (new, replay,
@@ -157,4 +157,78 @@ pub async fn batches_answer_item_by_item(store: Arc<dyn Store>) {
         ..settlement
     };
     assert_eq!(store.settle_batch(nothing).await.expect("empty"), []);
+}
+
+/// A batch's renewals move each lease its token still owns to `now + lease`, as a renewal of
+/// that item alone would; a stranger's token and a settled record are lost, without touching
+/// the others.
+pub async fn batch_renewals_are_fenced_item_by_item(store: Arc<dyn Store>) {
+    let t = tenant();
+    let k = |n| key(&t, n);
+    let tokens: Vec<FencingToken> = {
+        let mut tokens = Vec::new();
+        for n in 1..=4 {
+            tokens.push(acquire(&*store, claim(&t, k(n), fp(1), T0)).await);
+        }
+        tokens
+    };
+    let settled = store.complete(completion(&t, k(4), tokens[3], b"four", T0 + 1));
+    assert_eq!(settled.await.expect("complete"), Fenced::Applied);
+    let renewed_at = T0 + 1_000;
+    let items = [
+        ClaimedItem {
+            key: k(1),
+            token: tokens[0],
+        },
+        ClaimedItem {
+            key: k(2),
+            token: tokens[1],
+        },
+        ClaimedItem {
+            key: k(3),
+            token: FencingToken::from_raw(tokens[2].get() ^ 1),
+        },
+        ClaimedItem {
+            key: k(4),
+            token: tokens[3],
+        },
+    ];
+    let batch = BatchRenewal {
+        tenant: &t,
+        now: renewed_at,
+        lease: LEASE,
+        items: &items,
+    };
+    use Fenced::{Applied, Lost};
+    let answers = store.renew_batch(batch).await.expect("renew_batch");
+    assert_eq!(answers, [Applied, Applied, Lost, Lost]);
+    // Past the first lease, within the renewed one.
+    let later = T0 + ms(LEASE) + 500;
+    for n in [1, 2] {
+        assert_eq!(
+            store
+                .claim(claim(&t, k(n), fp(1), later))
+                .await
+                .expect("claim"),
+            Claim::InFlight {
+                lease_expires_at: renewed_at + ms(LEASE)
+            },
+            "item {n} renewed"
+        );
+    }
+    assert!(
+        matches!(
+            store
+                .claim(claim(&t, k(3), fp(1), later))
+                .await
+                .expect("claim"),
+            Claim::Acquired { takeover: true, .. }
+        ),
+        "a stranger's renewal left the lease to lapse"
+    );
+    let empty = BatchRenewal {
+        items: &[],
+        ..batch
+    };
+    assert_eq!(store.renew_batch(empty).await.expect("empty"), []);
 }

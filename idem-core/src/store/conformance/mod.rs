@@ -47,7 +47,8 @@ macro_rules! store_conformance_tests {
             health_reports_the_current_schema,
             settlements_wake_watches,
             a_completion_sent_again_is_recognised,
-            batches_answer_item_by_item
+            batches_answer_item_by_item,
+            batch_renewals_are_fenced_item_by_item
         );
     };
     ($make:expr) => {
