@@ -1,5 +1,6 @@
-//! The claim (one plain `SET … NX PX … GET` for the common cases on Redis 7.0+, the Lua script
-//! for the rest) and the fenced completion and release scripts.
+//! The claim (one plain `SET … NX PX … GET` for the common cases on Redis 7.0+, the claim
+//! script for the rest), the fenced completion, renewal and release, and the same for batches:
+//! the store's operations on the scripts of `scripts.rs`.
 
 use redis::Value;
 
@@ -16,185 +17,6 @@ use idem_core::store::{
     UnixMillis, Watch, after, decide,
 };
 use idem_core::{StoreError, StoreErrorKind};
-
-/// The claim of one key, as a Lua function (the body of [`CLAIM`] and [`CLAIM_BATCH`]).
-/// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight,
-/// 5 unknown. Arguments: the record's key, the fingerprint, now, the token, the lease's expiry,
-/// the expiry (as laid out above), the TTL in ms, the tool name with its 4-digit length, and the
-/// orphan policy (`0` take over, `1` reconcile: take lapsed and unknown records over, `2` block:
-/// mark lapsed records unknown).
-macro_rules! claim_fn {
-    () => {
-        r"
-local function claim(k, fp, now_arg, token, lease_at, expires, ttl, tool, orphans)
-  local now = tonumber(now_arg)
-  local v = redis.call('GET', k)
-  if v and tonumber(string.sub(v, 34, 49)) > now then
-    if string.sub(v, 1, 32) ~= fp then return {2} end
-    local status = string.sub(v, 33, 33)
-    local head = 104 + tonumber(string.sub(v, 101, 104))
-    if status == 'c' then
-      return {3, string.sub(v, 34, 49), string.sub(v, head + 1)}
-    end
-    if string.sub(v, 82, 100) == token then
-      if string.sub(v, 66, 81) == now_arg then return {0} end
-      return {1}
-    end
-    if status == 'u' then
-      if orphans ~= '1' then return {5} end
-    else
-      local lease = string.sub(v, 50, 65)
-      if tonumber(lease) > now then return {4, lease} end
-      if orphans == '2' then
-        redis.call('SET', k, string.sub(v, 1, 32) .. 'u' .. string.sub(v, 34), 'KEEPTTL')
-        return {5}
-      end
-    end
-    redis.call('SET', k, fp .. 'i' .. string.sub(v, 34, 49) .. lease_at .. string.sub(v, 66, 81)
-      .. token .. string.sub(v, 101, head), 'KEEPTTL')
-    return {1}
-  end
-  redis.call('SET', k, fp .. 'i' .. expires .. lease_at .. now_arg .. token .. tool, 'PX', ttl)
-  return {0}
-end
-"
-    };
-}
-
-/// The settlements of one key, as Lua functions (the bodies of [`COMPLETE`], [`RELEASE`] and
-/// [`SETTLE_BATCH`]). `complete` answers 2: applied, 1: applied by an earlier delivery of this
-/// very completion, 0: lost; `release` 1: deleted, 0: lost. Arguments: the record's key, the
-/// token, the result, the expiry, the TTL in ms and the status to settle as (`c` or `u`).
-macro_rules! settle_fns {
-    () => {
-        r"
-local function complete(k, token, result, expires, ttl, status)
-  local v = redis.call('GET', k)
-  if not v or string.sub(v, 82, 100) ~= token then return 0 end
-  local head = 104 + tonumber(string.sub(v, 101, 104))
-  if string.sub(v, 33, 33) ~= 'i' then
-    if string.sub(v, 33, 33) == status and string.sub(v, head + 1) == result then return 1 end
-    return 0
-  end
-  redis.call('SET', k, string.sub(v, 1, 32) .. status .. expires .. string.sub(v, 50, head)
-    .. result, 'PX', ttl)
-  return 2
-end
-local function release(k, token)
-  local v = redis.call('GET', k)
-  if v and string.sub(v, 33, 33) == 'i' and string.sub(v, 82, 100) == token then
-    redis.call('DEL', k)
-    return 1
-  end
-  return 0
-end
-"
-    };
-}
-
-/// The claim of one key. ARGV: fingerprint, now, token, lease expiry, expiry, TTL in ms, the
-/// tool name with its length, the orphan policy (see `claim_fn!`).
-pub(super) const CLAIM: &str = concat!(
-    claim_fn!(),
-    "return claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])\n"
-);
-
-/// The claims of a batch's keys, one answer per key in order. ARGV: now, lease expiry, expiry,
-/// TTL in ms, the tool name with its length, the orphan policy, then the fingerprint and the
-/// token of each key.
-pub(super) const CLAIM_BATCH: &str = concat!(
-    claim_fn!(),
-    r"
-local out = {}
-for i = 1, #KEYS do
-  out[i] = claim(KEYS[i], ARGV[5 + 2 * i], ARGV[1], ARGV[6 + 2 * i], ARGV[2], ARGV[3], ARGV[4],
-    ARGV[5], ARGV[6])
-end
-return out
-"
-);
-
-/// 1: applied (now, or by an earlier delivery of this very completion), 0: lost.
-/// ARGV: token, result, expiry, TTL in ms, the status to settle as (`c` or `u`), the channel
-/// to announce the settlement on (empty: none) and the notice (the key in hex).
-pub(super) const COMPLETE: &str = concat!(
-    settle_fns!(),
-    r"
-local done = complete(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
-if done == 2 and ARGV[6] ~= '' then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
-if done == 0 then return 0 end
-return 1
-"
-);
-
-/// The renewal of one key, as a Lua function (the body of [`RENEW`] and [`RENEW_BATCH`]):
-/// 1: renewed, 0: lost. Arguments: the record's key, the token, the lease's expiry, the lease in
-/// ms. A record that would expire before its new lease lapses lives as long as the lease.
-macro_rules! renew_fn {
-    () => {
-        r"
-local function renew(k, token, lease_at, lease_ms)
-  local v = redis.call('GET', k)
-  if not v or string.sub(v, 33, 33) ~= 'i' or string.sub(v, 82, 100) ~= token then return 0 end
-  if tonumber(string.sub(v, 34, 49)) < tonumber(lease_at) then
-    redis.call('SET', k, string.sub(v, 1, 33) .. lease_at .. lease_at .. string.sub(v, 66), 'PX', lease_ms)
-  else
-    redis.call('SET', k, string.sub(v, 1, 49) .. lease_at .. string.sub(v, 66), 'KEEPTTL')
-  end
-  return 1
-end
-"
-    };
-}
-
-/// 1: renewed, 0: lost. ARGV: token, lease expiry, lease in ms (see `renew_fn!`).
-pub(super) const RENEW: &str = concat!(
-    renew_fn!(),
-    "return renew(KEYS[1], ARGV[1], ARGV[2], ARGV[3])\n"
-);
-
-/// The renewals of a batch's keys, one answer per key in order (1: renewed, 0: lost). ARGV:
-/// lease expiry, lease in ms, then the token of each key.
-pub(super) const RENEW_BATCH: &str = concat!(
-    renew_fn!(),
-    r"
-local out = {}
-for i = 1, #KEYS do
-  out[i] = renew(KEYS[i], ARGV[2 + i], ARGV[1], ARGV[2])
-end
-return out
-"
-);
-
-/// 1: deleted, 0: lost. ARGV: token, the channel to announce the release on (empty: none) and
-/// the notice (the key in hex).
-pub(super) const RELEASE: &str = concat!(
-    settle_fns!(),
-    r"
-local done = release(KEYS[1], ARGV[1])
-if done == 1 and ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
-return done
-"
-);
-
-/// The settlements of a batch's keys, one answer per key in order (1: applied, 0: lost).
-/// ARGV: expiry, TTL in ms, then the token, the status (`c`, `u`, or `r` to release) and the
-/// result of each key.
-pub(super) const SETTLE_BATCH: &str = concat!(
-    settle_fns!(),
-    r"
-local out = {}
-for i = 1, #KEYS do
-  local token, status = ARGV[3 * i], ARGV[3 * i + 1]
-  if status == 'r' then
-    out[i] = release(KEYS[i], token)
-  else
-    out[i] = math.min(complete(KEYS[i], token, ARGV[3 * i + 2], ARGV[1], ARGV[2], status), 1)
-  end
-end
-return out
-"
-);
 
 /// The record a claim of a new key writes, laid out as [`layout`] says: the fingerprint, `i`,
 /// the expiry, the lease's expiry and the creation time (16 digits each), the token (19), the
@@ -216,6 +38,18 @@ fn new_record(req: &ClaimRequest<'_>, token: FencingToken) -> Vec<u8> {
     .expect("writing to a Vec cannot fail");
     new.extend_from_slice(req.tool.as_bytes());
     new
+}
+
+/// Whether a tool name fits the record's 4-digit length field.
+fn tool_fits(tool: &str) -> Result<(), StoreError> {
+    if tool.len() > 9999 {
+        return Err(StoreError::new(
+            BACKEND,
+            StoreErrorKind::Other,
+            "claim: a tool name longer than 9999 bytes does not fit the record",
+        ));
+    }
+    Ok(())
 }
 
 /// The orphan policy as the claim script reads it.
@@ -319,13 +153,7 @@ impl Store for RedisStore {
                 if let Some(answer) = self.replays.get(&req) {
                     return Ok(answer);
                 }
-                if req.tool.len() > 9999 {
-                    return Err(StoreError::new(
-                        BACKEND,
-                        StoreErrorKind::Other,
-                        "claim: a tool name longer than 9999 bytes does not fit the record",
-                    ));
-                }
+                tool_fits(req.tool)?;
                 let token = FencingToken::generate();
                 // The record a new key gets; the script's arguments are slices of it.
                 let new = new_record(&req, token);
@@ -434,13 +262,7 @@ impl Store for RedisStore {
             if batch.items.is_empty() {
                 return Ok(Vec::new());
             }
-            if batch.tool.len() > 9999 {
-                return Err(StoreError::new(
-                    BACKEND,
-                    StoreErrorKind::Other,
-                    "claim: a tool name longer than 9999 bytes does not fit the record",
-                ));
-            }
+            tool_fits(batch.tool)?;
             let tokens: Vec<FencingToken> = batch
                 .items
                 .iter()
@@ -449,11 +271,6 @@ impl Store for RedisStore {
             // The fields every item shares, cut from the record a new key would get.
             let new = new_record(&batch.request(&batch.items[0]), tokens[0]);
             let ttl = millis_arg(batch.ttl);
-            let records: Vec<String> = batch
-                .items
-                .iter()
-                .map(|item| self.record_key(batch.tenant, &item.key))
-                .collect();
             let raw_tokens: Vec<String> = tokens.iter().map(|t| token_arg(*t)).collect();
             let mut args: Vec<&[u8]> = vec![
                 &new[layout::CREATED],
@@ -467,16 +284,10 @@ impl Store for RedisStore {
                 args.push(item.fingerprint.as_bytes());
                 args.push(token.as_bytes());
             }
-            let keys: Vec<&str> = records.iter().map(String::as_str).collect();
+            let keys = batch.items.iter().map(|item| &item.key);
             let answers: Vec<Vec<Value>> = self
-                .invoke(OP, &self.scripts.claim_batch, &keys, &args)
+                .invoke_each(OP, &self.scripts.claim_batch, batch.tenant, keys, &args)
                 .await?;
-            if answers.len() != batch.items.len() {
-                return Err(corrupt(
-                    OP,
-                    "the batch's claim answered another number of items",
-                ));
-            }
             let mut claims = Vec::with_capacity(answers.len());
             for ((item, answer), token) in batch.items.iter().zip(&answers).zip(tokens) {
                 let claim = self.decode_claim(answer, token, &batch.request(item))?;
@@ -499,11 +310,6 @@ impl Store for RedisStore {
             }
             let expires_at = time_arg(after(batch.now, batch.ttl));
             let ttl = millis_arg(batch.ttl);
-            let records: Vec<String> = batch
-                .items
-                .iter()
-                .map(|item| self.record_key(batch.tenant, &item.key))
-                .collect();
             let tokens: Vec<String> = batch.items.iter().map(|i| token_arg(i.token)).collect();
             let mut args: Vec<&[u8]> = vec![expires_at.as_bytes(), ttl.as_bytes()];
             for (item, token) in batch.items.iter().zip(&tokens) {
@@ -517,16 +323,10 @@ impl Store for RedisStore {
                 };
                 args.extend([token.as_bytes(), status, result]);
             }
-            let keys: Vec<&str> = records.iter().map(String::as_str).collect();
+            let keys = batch.items.iter().map(|item| &item.key);
             let applied: Vec<i64> = self
-                .invoke(OP, &self.scripts.settle_batch, &keys, &args)
+                .invoke_each(OP, &self.scripts.settle_batch, batch.tenant, keys, &args)
                 .await?;
-            if applied.len() != batch.items.len() {
-                return Err(corrupt(
-                    OP,
-                    "the batch's settlement answered another number of items",
-                ));
-            }
             let mut answers = Vec::with_capacity(applied.len());
             for (item, applied) in batch.items.iter().zip(applied) {
                 if applied != 1 {
@@ -553,24 +353,13 @@ impl Store for RedisStore {
             }
             let lease_expires_at = time_arg(after(batch.now, batch.lease));
             let lease = millis_arg(batch.lease);
-            let records: Vec<String> = batch
-                .items
-                .iter()
-                .map(|item| self.record_key(batch.tenant, &item.key))
-                .collect();
             let tokens: Vec<String> = batch.items.iter().map(|i| token_arg(i.token)).collect();
             let mut args: Vec<&[u8]> = vec![lease_expires_at.as_bytes(), lease.as_bytes()];
             args.extend(tokens.iter().map(|t| t.as_bytes()));
-            let keys: Vec<&str> = records.iter().map(String::as_str).collect();
+            let keys = batch.items.iter().map(|item| &item.key);
             let renewed: Vec<i64> = self
-                .invoke(OP, &self.scripts.renew_batch, &keys, &args)
+                .invoke_each(OP, &self.scripts.renew_batch, batch.tenant, keys, &args)
                 .await?;
-            if renewed.len() != batch.items.len() {
-                return Err(corrupt(
-                    OP,
-                    "the batch's renewal answered another number of items",
-                ));
-            }
             Ok(renewed
                 .into_iter()
                 .map(|r| {

@@ -83,6 +83,7 @@ mod driver;
 mod notices;
 mod options;
 mod record;
+mod scripts;
 mod store;
 
 /// The Redis client crate of [`RedisStore::from_connection_manager`] and
@@ -101,7 +102,7 @@ use self::connection::Connection;
 pub use self::record::SCHEMA_VERSION;
 
 use self::admin::RESOLVE;
-use self::claim::{CLAIM, CLAIM_BATCH, COMPLETE, RELEASE, RENEW, RENEW_BATCH, SETTLE_BATCH};
+use self::scripts::{CLAIM, CLAIM_BATCH, COMPLETE, RELEASE, RENEW, RENEW_BATCH, SETTLE_BATCH};
 
 inventory::submit! {
     idem_core::store::admin::Driver::new(
@@ -332,6 +333,28 @@ impl RedisStore {
             ));
         }
         Ok(())
+    }
+
+    /// Runs a batch's `script` over the records of `keys` of `tenant` (one slot: a tenant's
+    /// records share its hash tag) with `args`: one answer per key, in order.
+    async fn invoke_each<'k, T: redis::FromRedisValue>(
+        &self,
+        op: &str,
+        script: &Script,
+        tenant: &str,
+        keys: impl Iterator<Item = &'k IdempotencyKey>,
+        args: &[&[u8]],
+    ) -> Result<Vec<T>, StoreError> {
+        let records: Vec<String> = keys.map(|key| self.record_key(tenant, key)).collect();
+        let names: Vec<&str> = records.iter().map(String::as_str).collect();
+        let answers: Vec<T> = self.invoke(op, script, &names, args).await?;
+        if answers.len() != records.len() {
+            return Err(corrupt(
+                op,
+                "the batch's script answered another number of keys",
+            ));
+        }
+        Ok(answers)
     }
 
     /// Runs a script, once more when the connection broke under it (each script is written so

@@ -92,6 +92,33 @@ impl Shared {
         }
     }
 
+    /// [`Self::write`] of a batch's operations in one job: one reply per operation.
+    pub(super) async fn write_batch(
+        self: &Arc<Self>,
+        ops: Vec<Op>,
+    ) -> Result<Vec<Reply>, StoreError> {
+        let count = ops.len();
+        match self.write(Op::Batch(ops)).await? {
+            Reply::Batch(replies) if replies.len() == count => Ok(replies),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// [`Self::write_batch`] of fenced writes: whether each applied.
+    pub(super) async fn write_fenced_batch(
+        self: &Arc<Self>,
+        ops: Vec<Op>,
+    ) -> Result<Vec<Fenced>, StoreError> {
+        let replies = self.write_batch(ops).await?;
+        replies
+            .into_iter()
+            .map(|reply| match reply {
+                Reply::Fenced(fenced) => Ok(fenced),
+                _ => Err(unexpected()),
+            })
+            .collect()
+    }
+
     pub(super) async fn write(self: &Arc<Self>, op: Op) -> Result<Reply, StoreError> {
         let mut op = op;
         let mut front = false;

@@ -46,8 +46,8 @@ use idem_core::store::read_first::{ONE, ReadFirst};
 use idem_core::store::replay_cache::ReplayCache;
 use idem_core::store::{
     BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Fenced,
-    FencingToken, Record, Renewal, Settle, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
-    Watchers, after, decide,
+    FencingToken, Record, Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch, Watchers,
+    after, decide,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -185,6 +185,37 @@ fn claim_op(req: &ClaimRequest<'_>) -> Op {
     }
 }
 
+/// The write a completion queues.
+fn complete_op(c: &Completion<'_>) -> Op {
+    Op::Complete {
+        tenant: c.tenant.to_owned(),
+        key: c.key,
+        token: c.token,
+        status: c.status,
+        result: c.result.to_vec(),
+        expires_at: after(c.now, c.ttl),
+    }
+}
+
+/// The write a renewal queues.
+fn renew_op(r: &Renewal<'_>) -> Op {
+    Op::Renew {
+        tenant: r.tenant.to_owned(),
+        key: r.key,
+        token: r.token,
+        lease_expires_at: after(r.now, r.lease),
+    }
+}
+
+/// The write a release queues.
+fn release_op(tenant: &str, key: IdempotencyKey, token: FencingToken) -> Op {
+    Op::Release {
+        tenant: tenant.to_owned(),
+        key,
+        token,
+    }
+}
+
 impl SqliteStore {
     /// The claim a write's reply answers; a replay goes into the replay cache.
     fn claim_answer(&self, req: &ClaimRequest<'_>, reply: Reply) -> Result<Claim, StoreError> {
@@ -245,12 +276,7 @@ impl Store for SqliteStore {
                 .items
                 .iter()
                 .map(|item| claim_op(&batch.request(item)));
-            let Reply::Batch(replies) = self.shared.write(Op::Batch(ops.collect())).await? else {
-                return Err(unexpected());
-            };
-            if replies.len() != batch.items.len() {
-                return Err(unexpected());
-            }
+            let replies = self.shared.write_batch(ops.collect()).await?;
             batch
                 .items
                 .iter()
@@ -266,36 +292,15 @@ impl Store for SqliteStore {
             if batch.items.is_empty() {
                 return Ok(Vec::new());
             }
-            let ops = batch.items.iter().map(|item| match item.settle {
-                Settle::Complete { status, result } => Op::Complete {
-                    tenant: batch.tenant.to_owned(),
-                    key: item.key,
-                    token: item.token,
-                    status,
-                    result: result.to_vec(),
-                    expires_at: after(batch.now, batch.ttl),
-                },
-                Settle::Release => Op::Release {
-                    tenant: batch.tenant.to_owned(),
-                    key: item.key,
-                    token: item.token,
-                },
+            let ops = batch.items.iter().map(|item| match batch.completion(item) {
+                Some(completion) => complete_op(&completion),
+                None => release_op(batch.tenant, item.key, item.token),
             });
-            let Reply::Batch(replies) = self.shared.write(Op::Batch(ops.collect())).await? else {
-                return Err(unexpected());
-            };
-            if replies.len() != batch.items.len() {
-                return Err(unexpected());
-            }
-            let mut answers = Vec::with_capacity(replies.len());
-            for (item, reply) in batch.items.iter().zip(replies) {
-                let Reply::Fenced(fenced) = reply else {
-                    return Err(unexpected());
-                };
-                if fenced == Fenced::Applied {
+            let answers = self.shared.write_fenced_batch(ops.collect()).await?;
+            for (item, fenced) in batch.items.iter().zip(&answers) {
+                if *fenced == Fenced::Applied {
                     self.shared.watchers.settled(&item.key);
                 }
-                answers.push(fenced);
             }
             Ok(answers)
         })
@@ -303,15 +308,7 @@ impl Store for SqliteStore {
 
     fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let op = Op::Complete {
-                tenant: c.tenant.to_owned(),
-                key: c.key,
-                token: c.token,
-                status: c.status,
-                result: c.result.to_vec(),
-                expires_at: after(c.now, c.ttl),
-            };
-            let fenced = self.shared.write_fenced(op).await?;
+            let fenced = self.shared.write_fenced(complete_op(&c)).await?;
             if fenced == Fenced::Applied {
                 self.shared.watchers.settled(&c.key);
             }
@@ -320,15 +317,7 @@ impl Store for SqliteStore {
     }
 
     fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
-        Box::pin(async move {
-            let op = Op::Renew {
-                tenant: r.tenant.to_owned(),
-                key: r.key,
-                token: r.token,
-                lease_expires_at: after(r.now, r.lease),
-            };
-            self.shared.write_fenced(op).await
-        })
+        Box::pin(async move { self.shared.write_fenced(renew_op(&r)).await })
     }
 
     /// The items' renewals in one job of the group commit.
@@ -337,25 +326,11 @@ impl Store for SqliteStore {
             if batch.items.is_empty() {
                 return Ok(Vec::new());
             }
-            let ops = batch.items.iter().map(|item| Op::Renew {
-                tenant: batch.tenant.to_owned(),
-                key: item.key,
-                token: item.token,
-                lease_expires_at: after(batch.now, batch.lease),
-            });
-            let Reply::Batch(replies) = self.shared.write(Op::Batch(ops.collect())).await? else {
-                return Err(unexpected());
-            };
-            if replies.len() != batch.items.len() {
-                return Err(unexpected());
-            }
-            replies
-                .into_iter()
-                .map(|reply| match reply {
-                    Reply::Fenced(fenced) => Ok(fenced),
-                    _ => Err(unexpected()),
-                })
-                .collect()
+            let ops = batch
+                .items
+                .iter()
+                .map(|item| renew_op(&batch.renewal(item)));
+            self.shared.write_fenced_batch(ops.collect()).await
         })
     }
 
@@ -366,12 +341,10 @@ impl Store for SqliteStore {
         token: FencingToken,
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let op = Op::Release {
-                tenant: tenant.to_owned(),
-                key,
-                token,
-            };
-            let fenced = self.shared.write_fenced(op).await?;
+            let fenced = self
+                .shared
+                .write_fenced(release_op(tenant, key, token))
+                .await?;
             if fenced == Fenced::Applied {
                 self.shared.watchers.settled(&key);
             }

@@ -1,0 +1,182 @@
+//! The Lua scripts of the store, each the same few functions (the claim, the settlements, the
+//! renewal of one key, written once) called for one key or for every key of a batch. Records
+//! are laid out as `record.rs` says.
+
+/// The claim of one key, as a Lua function (the body of [`CLAIM`] and [`CLAIM_BATCH`]).
+/// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight,
+/// 5 unknown. Arguments: the record's key, the fingerprint, now, the token, the lease's expiry,
+/// the expiry (as `record.rs` lays them out), the TTL in ms, the tool name with its 4-digit length, and the
+/// orphan policy (`0` take over, `1` reconcile: take lapsed and unknown records over, `2` block:
+/// mark lapsed records unknown).
+macro_rules! claim_fn {
+    () => {
+        r"
+local function claim(k, fp, now_arg, token, lease_at, expires, ttl, tool, orphans)
+  local now = tonumber(now_arg)
+  local v = redis.call('GET', k)
+  if v and tonumber(string.sub(v, 34, 49)) > now then
+    if string.sub(v, 1, 32) ~= fp then return {2} end
+    local status = string.sub(v, 33, 33)
+    local head = 104 + tonumber(string.sub(v, 101, 104))
+    if status == 'c' then
+      return {3, string.sub(v, 34, 49), string.sub(v, head + 1)}
+    end
+    if string.sub(v, 82, 100) == token then
+      if string.sub(v, 66, 81) == now_arg then return {0} end
+      return {1}
+    end
+    if status == 'u' then
+      if orphans ~= '1' then return {5} end
+    else
+      local lease = string.sub(v, 50, 65)
+      if tonumber(lease) > now then return {4, lease} end
+      if orphans == '2' then
+        redis.call('SET', k, string.sub(v, 1, 32) .. 'u' .. string.sub(v, 34), 'KEEPTTL')
+        return {5}
+      end
+    end
+    redis.call('SET', k, fp .. 'i' .. string.sub(v, 34, 49) .. lease_at .. string.sub(v, 66, 81)
+      .. token .. string.sub(v, 101, head), 'KEEPTTL')
+    return {1}
+  end
+  redis.call('SET', k, fp .. 'i' .. expires .. lease_at .. now_arg .. token .. tool, 'PX', ttl)
+  return {0}
+end
+"
+    };
+}
+
+/// The settlements of one key, as Lua functions (the bodies of [`COMPLETE`], [`RELEASE`] and
+/// [`SETTLE_BATCH`]). `complete` answers 2: applied, 1: applied by an earlier delivery of this
+/// very completion, 0: lost; `release` 1: deleted, 0: lost. Arguments: the record's key, the
+/// token, the result, the expiry, the TTL in ms and the status to settle as (`c` or `u`).
+macro_rules! settle_fns {
+    () => {
+        r"
+local function complete(k, token, result, expires, ttl, status)
+  local v = redis.call('GET', k)
+  if not v or string.sub(v, 82, 100) ~= token then return 0 end
+  local head = 104 + tonumber(string.sub(v, 101, 104))
+  if string.sub(v, 33, 33) ~= 'i' then
+    if string.sub(v, 33, 33) == status and string.sub(v, head + 1) == result then return 1 end
+    return 0
+  end
+  redis.call('SET', k, string.sub(v, 1, 32) .. status .. expires .. string.sub(v, 50, head)
+    .. result, 'PX', ttl)
+  return 2
+end
+local function release(k, token)
+  local v = redis.call('GET', k)
+  if v and string.sub(v, 33, 33) == 'i' and string.sub(v, 82, 100) == token then
+    redis.call('DEL', k)
+    return 1
+  end
+  return 0
+end
+"
+    };
+}
+
+/// The claim of one key. ARGV: fingerprint, now, token, lease expiry, expiry, TTL in ms, the
+/// tool name with its length, the orphan policy (see `claim_fn!`).
+pub(super) const CLAIM: &str = concat!(
+    claim_fn!(),
+    "return claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])\n"
+);
+
+/// The claims of a batch's keys, one answer per key in order. ARGV: now, lease expiry, expiry,
+/// TTL in ms, the tool name with its length, the orphan policy, then the fingerprint and the
+/// token of each key.
+pub(super) const CLAIM_BATCH: &str = concat!(
+    claim_fn!(),
+    r"
+local out = {}
+for i = 1, #KEYS do
+  out[i] = claim(KEYS[i], ARGV[5 + 2 * i], ARGV[1], ARGV[6 + 2 * i], ARGV[2], ARGV[3], ARGV[4],
+    ARGV[5], ARGV[6])
+end
+return out
+"
+);
+
+/// 1: applied (now, or by an earlier delivery of this very completion), 0: lost.
+/// ARGV: token, result, expiry, TTL in ms, the status to settle as (`c` or `u`), the channel
+/// to announce the settlement on (empty: none) and the notice (the key in hex).
+pub(super) const COMPLETE: &str = concat!(
+    settle_fns!(),
+    r"
+local done = complete(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+if done == 2 and ARGV[6] ~= '' then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
+if done == 0 then return 0 end
+return 1
+"
+);
+
+/// The renewal of one key, as a Lua function (the body of [`RENEW`] and [`RENEW_BATCH`]):
+/// 1: renewed, 0: lost. Arguments: the record's key, the token, the lease's expiry, the lease in
+/// ms. A record that would expire before its new lease lapses lives as long as the lease.
+macro_rules! renew_fn {
+    () => {
+        r"
+local function renew(k, token, lease_at, lease_ms)
+  local v = redis.call('GET', k)
+  if not v or string.sub(v, 33, 33) ~= 'i' or string.sub(v, 82, 100) ~= token then return 0 end
+  if tonumber(string.sub(v, 34, 49)) < tonumber(lease_at) then
+    redis.call('SET', k, string.sub(v, 1, 33) .. lease_at .. lease_at .. string.sub(v, 66), 'PX', lease_ms)
+  else
+    redis.call('SET', k, string.sub(v, 1, 49) .. lease_at .. string.sub(v, 66), 'KEEPTTL')
+  end
+  return 1
+end
+"
+    };
+}
+
+/// 1: renewed, 0: lost. ARGV: token, lease expiry, lease in ms (see `renew_fn!`).
+pub(super) const RENEW: &str = concat!(
+    renew_fn!(),
+    "return renew(KEYS[1], ARGV[1], ARGV[2], ARGV[3])\n"
+);
+
+/// The renewals of a batch's keys, one answer per key in order (1: renewed, 0: lost). ARGV:
+/// lease expiry, lease in ms, then the token of each key.
+pub(super) const RENEW_BATCH: &str = concat!(
+    renew_fn!(),
+    r"
+local out = {}
+for i = 1, #KEYS do
+  out[i] = renew(KEYS[i], ARGV[2 + i], ARGV[1], ARGV[2])
+end
+return out
+"
+);
+
+/// 1: deleted, 0: lost. ARGV: token, the channel to announce the release on (empty: none) and
+/// the notice (the key in hex).
+pub(super) const RELEASE: &str = concat!(
+    settle_fns!(),
+    r"
+local done = release(KEYS[1], ARGV[1])
+if done == 1 and ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+return done
+"
+);
+
+/// The settlements of a batch's keys, one answer per key in order (1: applied, 0: lost).
+/// ARGV: expiry, TTL in ms, then the token, the status (`c`, `u`, or `r` to release) and the
+/// result of each key.
+pub(super) const SETTLE_BATCH: &str = concat!(
+    settle_fns!(),
+    r"
+local out = {}
+for i = 1, #KEYS do
+  local token, status = ARGV[3 * i], ARGV[3 * i + 1]
+  if status == 'r' then
+    out[i] = release(KEYS[i], token)
+  else
+    out[i] = math.min(complete(KEYS[i], token, ARGV[3 * i + 2], ARGV[1], ARGV[2], status), 1)
+  end
+end
+return out
+"
+);
