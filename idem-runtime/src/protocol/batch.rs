@@ -25,19 +25,17 @@ use std::task::Poll;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::call::{KeyParts, Settling, replay, settled, settling};
+use super::call::{self, KeyParts, Settling, check_tenant, settled, settling};
 use super::policy::ErrorHandling;
-use super::{Claimed, Intent, Recorded, retry_after};
+use super::{Claimed, Claiming, Intent, Recorded};
 use crate::registry::ToolInfo;
 use crate::runtime::{Idem, Scope};
 use crate::telemetry::Observation;
 use idem_core::canonical::CanonicalError;
 use idem_core::fingerprint::Fingerprint;
 use idem_core::key::IdempotencyKey;
-use idem_core::store::{
-    BatchClaim, BatchItem, BatchSettlement, Claim, RecordStatus, Settle, Settlement,
-};
-use idem_core::{Batch, Error, ErrorClass, InFlight, Mismatch, Outcome, Unknown};
+use idem_core::store::{BatchClaim, BatchItem, BatchSettlement, RecordStatus, Settle, Settlement};
+use idem_core::{Batch, Error, ErrorClass, Outcome};
 
 /// The most items one call of a batch tool takes; more is [`Error::BatchTooLarge`] before the
 /// store is touched. One round trip carries every item's key, fingerprint and result: a bound
@@ -56,14 +54,6 @@ impl BatchEntry {
     pub fn new(key: KeyParts, fingerprint: Result<Fingerprint, CanonicalError>) -> Self {
         BatchEntry { key, fingerprint }
     }
-}
-
-/// What became of one item before the body.
-enum Item<T, E> {
-    /// Answered without running (refused, replayed, or not claimable now).
-    Answered(Result<Outcome<T>, Error<E>>),
-    /// Claimed: the body runs on it.
-    Claimed(Claimed),
 }
 
 /// Runs a batch tool: `entries` and `items` are in the same order, one entry per item.
@@ -91,10 +81,7 @@ where
             limit: MAX_BATCH_ITEMS,
         });
     }
-    let tenant = scope.tenant();
-    if tenant.is_empty() || tenant.len() > 255 || tenant.contains('\0') {
-        return Err(Error::InvalidTenant { tool: name });
-    }
+    check_tenant(name, scope.tenant())?;
     let (idem, tenant) = scope.into_parts();
     let idem = &idem;
     // The keys: an item refused here is answered, and never claimed.
@@ -152,40 +139,23 @@ where
             Err(e) => return Err(Error::Store(e)),
         }
     };
-    let mut decided: Vec<(usize, IdempotencyKey, Item<T, E>)> = Vec::with_capacity(keyed.len());
-    for ((index, item), claim) in keyed.iter().zip(claims) {
-        let key = item.key;
-        let hash = key.short_hash();
-        let answer = match claim {
-            Claim::Acquired { token, takeover } => {
-                let intent = Intent {
-                    tenant: tenant.clone(),
-                    key,
-                    tool: name,
-                    fingerprint: item.fingerprint,
-                    lease,
-                    ttl,
-                    orphans,
-                    wait: std::time::Duration::ZERO,
-                };
-                Item::Claimed(Claimed::new(idem, &intent, token, takeover, now))
-            }
-            Claim::Completed { result } => Item::Answered(replay::<T, E, H>(name, key, &result)),
-            Claim::Mismatch => Item::Answered(Ok(Outcome::Mismatch(Mismatch::new(name, hash)))),
-            Claim::InFlight { lease_expires_at } => {
-                let wait = retry_after(lease_expires_at, now, lease);
-                Item::Answered(Ok(Outcome::InFlight(InFlight::new(name, hash, wait))))
-            }
-            Claim::Unknown => Item::Answered(Ok(Outcome::Unknown(Unknown::new(name, hash)))),
-        };
-        decided.push((*index, key, answer));
-    }
-    // The body gets the claimed items, in their order.
+    // Answered without running (a replay, a refusal), or to run: the body gets these, in order.
     let mut to_run: Vec<(usize, IdempotencyKey, Claimed)> = Vec::new();
-    for (index, key, item) in decided {
-        match item {
-            Item::Answered(answer) => answers[index] = Some(answer),
-            Item::Claimed(claimed) => to_run.push((index, key, claimed)),
+    for ((index, item), claim) in keyed.iter().zip(claims) {
+        let intent = Intent {
+            tenant: tenant.clone(),
+            key: item.key,
+            tool: name,
+            fingerprint: item.fingerprint,
+            lease,
+            ttl,
+            orphans,
+            wait: std::time::Duration::ZERO,
+        };
+        let claiming = Claiming::of(idem, &intent, claim, now);
+        match call::to_run::<T, E, H>(name, item.key, claiming) {
+            Ok(claimed) => to_run.push((*index, item.key, claimed)),
+            Err(answer) => answers[*index] = Some(answer),
         }
     }
     if !to_run.is_empty() {

@@ -173,9 +173,7 @@ pub(crate) fn prepare<E>(
         return Ok(Prepared::Unprotected);
     }
     let tenant = scope.tenant();
-    if tenant.is_empty() || tenant.len() > 255 || tenant.contains('\0') {
-        return Err(Error::InvalidTenant { tool: name });
-    }
+    check_tenant(name, tenant)?;
     let key = key.parts.derive(tenant, name);
     Ok(Prepared::Keyed {
         scope,
@@ -247,19 +245,11 @@ where
                 orphans,
                 wait: tool.effective_wait(idem.default_wait()),
             };
-            let hash = key.short_hash();
             let claimed = match observed.within(claim_waiting(idem, &intent)).await {
-                Ok(Claiming::Acquired(claimed)) => claimed,
-                Ok(Claiming::Completed(bytes)) => break 'call replay::<T, E, H>(name, key, &bytes),
-                Ok(Claiming::Mismatch) => {
-                    break 'call Ok(Outcome::Mismatch(Mismatch::new(name, hash)));
-                }
-                Ok(Claiming::InFlight(wait)) => {
-                    break 'call Ok(Outcome::InFlight(InFlight::new(name, hash, wait)));
-                }
-                Ok(Claiming::Unknown) => {
-                    break 'call Ok(Outcome::Unknown(Unknown::new(name, hash)));
-                }
+                Ok(claiming) => match to_run::<T, E, H>(name, key, claiming) {
+                    Ok(claimed) => claimed,
+                    Err(answer) => break 'call answer,
+                },
                 Err(e) => break 'call Err(Error::Store(e)),
             };
             observed.span().record("token", claimed.token().get());
@@ -280,6 +270,35 @@ where
         observed.finish(&result);
         result
     }
+}
+
+/// A tenant idem takes: 1 to 255 bytes, without NUL.
+pub(crate) fn check_tenant<E>(tool: &'static str, tenant: &str) -> Result<(), Error<E>> {
+    if tenant.is_empty() || tenant.len() > 255 || tenant.contains('\0') {
+        return Err(Error::InvalidTenant { tool });
+    }
+    Ok(())
+}
+
+/// The key to run, when the claim acquired it; else the call's answer without running: the
+/// replay of a completed record, or the refusal (mismatch, in flight, unknown).
+pub(crate) fn to_run<T, E, H>(
+    name: &'static str,
+    key: IdempotencyKey,
+    claiming: Claiming,
+) -> Result<Claimed, Result<Outcome<T>, Error<E>>>
+where
+    T: DeserializeOwned,
+    E: ErrorHandling<H>,
+{
+    let hash = key.short_hash();
+    Err(match claiming {
+        Claiming::Acquired(claimed) => return Ok(claimed),
+        Claiming::Completed(bytes) => replay::<T, E, H>(name, key, &bytes),
+        Claiming::Mismatch => Ok(Outcome::Mismatch(Mismatch::new(name, hash))),
+        Claiming::InFlight(wait) => Ok(Outcome::InFlight(InFlight::new(name, hash, wait))),
+        Claiming::Unknown => Ok(Outcome::Unknown(Unknown::new(name, hash))),
+    })
 }
 
 /// The rest of a call whose claim acquired the key: the state check after a takeover, the

@@ -100,17 +100,24 @@ pub async fn claim(idem: &Idem, intent: &Intent) -> Result<Claiming, StoreError>
             orphans: intent.orphans,
         })
         .await?;
-    Ok(match claim {
-        Claim::Acquired { token, takeover } => {
-            Claiming::Acquired(Claimed::new(idem, intent, token, takeover, now))
+    Ok(Claiming::of(idem, intent, claim, now))
+}
+
+impl Claiming {
+    /// What the store's answer `claim` to `intent`'s claim at `now` means for the call.
+    pub(crate) fn of(idem: &Idem, intent: &Intent, claim: Claim, now: UnixMillis) -> Claiming {
+        match claim {
+            Claim::Acquired { token, takeover } => {
+                Claiming::Acquired(Claimed::new(idem, intent, token, takeover, now))
+            }
+            Claim::Completed { result } => Claiming::Completed(result),
+            Claim::Mismatch => Claiming::Mismatch,
+            Claim::InFlight { lease_expires_at } => {
+                Claiming::InFlight(retry_after(lease_expires_at, now, intent.lease))
+            }
+            Claim::Unknown => Claiming::Unknown,
         }
-        Claim::Completed { result } => Claiming::Completed(result),
-        Claim::Mismatch => Claiming::Mismatch,
-        Claim::InFlight { lease_expires_at } => {
-            Claiming::InFlight(retry_after(lease_expires_at, now, intent.lease))
-        }
-        Claim::Unknown => Claiming::Unknown,
-    })
+    }
 }
 
 /// How long to wait for an in-flight call: until its lease lapses by this caller's clock, and
