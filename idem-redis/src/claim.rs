@@ -52,6 +52,14 @@ fn tool_fits(tool: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The status a completion settles as, as the settlement scripts read it.
+fn status_arg(status: RecordStatus) -> &'static [u8] {
+    match status {
+        RecordStatus::Unknown => b"u",
+        RecordStatus::Completed | RecordStatus::InFlight => b"c",
+    }
+}
+
 /// The orphan policy as the claim script reads it.
 fn orphans_arg(orphans: Orphans) -> &'static [u8] {
     match orphans {
@@ -234,10 +242,7 @@ impl Store for RedisStore {
                         c.result,
                         expires_at.as_bytes(),
                         ttl.as_bytes(),
-                        match c.status {
-                            RecordStatus::Unknown => b"u",
-                            RecordStatus::Completed | RecordStatus::InFlight => b"c",
-                        },
+                        status_arg(c.status),
                         channel.as_bytes(),
                         notice.as_bytes(),
                     ],
@@ -314,11 +319,7 @@ impl Store for RedisStore {
             let mut args: Vec<&[u8]> = vec![expires_at.as_bytes(), ttl.as_bytes()];
             for (item, token) in batch.items.iter().zip(&tokens) {
                 let (status, result): (&[u8], &[u8]) = match item.settle {
-                    Settle::Complete {
-                        status: RecordStatus::Unknown,
-                        result,
-                    } => (b"u", result),
-                    Settle::Complete { result, .. } => (b"c", result),
+                    Settle::Complete { status, result } => (status_arg(status), result),
                     Settle::Release => (b"r", b""),
                 };
                 args.extend([token.as_bytes(), status, result]);
