@@ -13,14 +13,10 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use idem::store::{
-    BatchClaim, BatchSettlement, Claim, ClaimRequest, Completion, Fenced, FencingToken, Record,
-    Renewal, Store, StoreFuture, StoreHealth, UnixMillis,
-};
-use idem::{Idem, IdempotencyKey, idempotent};
+use idem::{Idem, idempotent};
 use serde::{Deserialize, Serialize};
 
 #[path = "support/mod.rs"]
@@ -74,67 +70,6 @@ fn items() -> Vec<Item> {
         .collect()
 }
 
-/// A store that counts every call sent through it (each one round trip).
-struct Counted {
-    inner: Arc<dyn Store>,
-    calls: AtomicU64,
-}
-
-impl Counted {
-    fn tick(&self) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-impl Store for Counted {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
-        self.tick();
-        self.inner.claim(req)
-    }
-    fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
-        self.tick();
-        self.inner.complete(c)
-    }
-    fn claim_batch<'a>(&'a self, b: BatchClaim<'a>) -> StoreFuture<'a, Vec<Claim>> {
-        self.tick();
-        self.inner.claim_batch(b)
-    }
-    fn settle_batch<'a>(&'a self, b: BatchSettlement<'a>) -> StoreFuture<'a, Vec<Fenced>> {
-        self.tick();
-        self.inner.settle_batch(b)
-    }
-    fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
-        self.tick();
-        self.inner.renew(r)
-    }
-    fn release<'a>(
-        &'a self,
-        tenant: &'a str,
-        key: IdempotencyKey,
-        token: FencingToken,
-    ) -> StoreFuture<'a, Fenced> {
-        self.tick();
-        self.inner.release(tenant, key, token)
-    }
-    fn lookup<'a>(
-        &'a self,
-        tenant: &'a str,
-        key: IdempotencyKey,
-    ) -> StoreFuture<'a, Option<Record>> {
-        self.tick();
-        self.inner.lookup(tenant, key)
-    }
-    fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
-        self.inner.purge_expired(now, limit)
-    }
-    fn health(&self) -> StoreFuture<'_, StoreHealth> {
-        self.inner.health()
-    }
-}
-
 /// The modes, in the order each round runs them.
 const MODES: [&str; 5] = [
     "batch",
@@ -154,12 +89,11 @@ struct Figures {
 fn measure(store: &'static str, url: &str, rounds: usize) -> Figures {
     let rt = support::runtime();
     rt.block_on(async {
-        let opened = Idem::open(url).await.expect("open");
-        let counted = Arc::new(Counted {
-            inner: Arc::new(opened.store().clone()),
-            calls: AtomicU64::new(0),
+        let counts = Arc::new(support::Counts::default());
+        let idem = Idem::with_store(support::Counted {
+            inner: idem::store::admin::open(url).await.expect("open"),
+            counts: counts.clone(),
         });
-        let idem = Idem::with_store(counted.clone());
         let tenant = idem.scope(format!("bench-batch-{}", uuid::Uuid::new_v4().simple()));
         let mut figures = Figures {
             store,
@@ -171,7 +105,7 @@ fn measure(store: &'static str, url: &str, rounds: usize) -> Figures {
             let single_run = format!("s{round}");
             let joined_run = format!("j{round}");
             for (mode, name) in MODES.iter().enumerate() {
-                let before = counted.calls.load(Ordering::Relaxed);
+                let before = counts.calls.load(Ordering::Relaxed);
                 let started = Instant::now();
                 match mode {
                     0 | 3 => {
@@ -197,7 +131,7 @@ fn measure(store: &'static str, url: &str, rounds: usize) -> Figures {
                     }
                 }
                 let seconds = started.elapsed().as_secs_f64();
-                let calls = counted.calls.load(Ordering::Relaxed) - before;
+                let calls = counts.calls.load(Ordering::Relaxed) - before;
                 if round >= 3 {
                     figures.seconds[mode].push(seconds);
                     figures.calls[mode].push(calls);

@@ -17,16 +17,12 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::Idem;
-use idem::IdempotencyKey;
 use idem::protocol::{Claiming, Intent, claim, claim_waiting};
-use idem::store::{
-    Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Renewal,
-    Store, StoreFuture, StoreHealth, UnixMillis, Watch,
-};
+use idem::store::{Fenced, Orphans, RecordStatus};
 
 #[path = "support/mod.rs"]
 mod support;
@@ -142,52 +138,6 @@ impl Drop for Holder {
     }
 }
 
-/// A store that counts the claims sent through it.
-struct Counted<S> {
-    inner: S,
-    claims: Arc<AtomicU64>,
-}
-
-impl<S: Store> Store for Counted<S> {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
-        self.claims.fetch_add(1, Ordering::Relaxed);
-        self.inner.claim(req)
-    }
-    fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
-        self.inner.complete(c)
-    }
-    fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
-        self.inner.renew(r)
-    }
-    fn release<'a>(
-        &'a self,
-        tenant: &'a str,
-        key: IdempotencyKey,
-        token: FencingToken,
-    ) -> StoreFuture<'a, Fenced> {
-        self.inner.release(tenant, key, token)
-    }
-    fn lookup<'a>(
-        &'a self,
-        tenant: &'a str,
-        key: IdempotencyKey,
-    ) -> StoreFuture<'a, Option<Record>> {
-        self.inner.lookup(tenant, key)
-    }
-    fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
-        self.inner.purge_expired(now, limit)
-    }
-    fn health(&self) -> StoreFuture<'_, StoreHealth> {
-        self.inner.health()
-    }
-    fn watch<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Watch> {
-        self.inner.watch(tenant, key)
-    }
-}
-
 /// The figures of one store.
 struct Figures {
     store: &'static str,
@@ -201,21 +151,20 @@ struct Figures {
     polling_claims: f64,
 }
 
-async fn open_counted(url: &str) -> (Idem, Arc<AtomicU64>) {
-    let claims = Arc::new(AtomicU64::new(0));
-    let store = idem::store::admin::open(url).await.expect("open");
-    let idem = Idem::with_store(Counted {
-        inner: store,
-        claims: claims.clone(),
+async fn open_counted(url: &str) -> (Idem, Arc<support::Counts>) {
+    let counts = Arc::new(support::Counts::default());
+    let idem = Idem::with_store(support::Counted {
+        inner: idem::store::admin::open(url).await.expect("open"),
+        counts: counts.clone(),
     });
-    (idem, claims)
+    (idem, counts)
 }
 
 fn measure(store: &'static str, url: &str, rounds: usize) -> Figures {
     let tenant = format!("bench-wait-{}", uuid::Uuid::new_v4().simple());
     let mut holder = Holder::start(url, &tenant);
     let rt = support::runtime();
-    let (idem, claims) = rt.block_on(open_counted(url));
+    let (idem, counts) = rt.block_on(open_counted(url));
     let mut latencies = Vec::with_capacity(rounds);
     for n in 0..(rounds + 10) as u64 {
         assert_eq!(holder.ask(&format!("hold {n}")), format!("held {n}"));
@@ -243,7 +192,7 @@ fn measure(store: &'static str, url: &str, rounds: usize) -> Figures {
     // The load: 64 waiters with `wait`, then 64 callers retrying without it, on a held key.
     let mut load = |n: u64, wait: bool| {
         assert_eq!(holder.ask(&format!("hold {n}")), format!("held {n}"));
-        claims.store(0, Ordering::Relaxed);
+        counts.claims.store(0, Ordering::Relaxed);
         let callers: Vec<_> = (0..WAITERS)
             .map(|_| {
                 let (idem, tenant) = (idem.clone(), tenant.clone());
@@ -269,7 +218,7 @@ fn measure(store: &'static str, url: &str, rounds: usize) -> Figures {
         for caller in callers {
             rt.block_on(caller).unwrap();
         }
-        claims.load(Ordering::Relaxed) as f64 / WAITERS as f64
+        counts.claims.load(Ordering::Relaxed) as f64 / WAITERS as f64
     };
     let base = (rounds + 10) as u64;
     let waiting_claims = load(base, true);

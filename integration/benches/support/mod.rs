@@ -422,3 +422,91 @@ pub fn write_json(name: &str, json: &serde_json::Value) {
     )
     .expect("write the results");
 }
+
+/// What a [`Counted`] store was asked: every call (each a round trip), and the claims alone.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub calls: AtomicU64,
+    pub claims: AtomicU64,
+}
+
+/// A store that counts what is sent through it into its [`Counts`], and forwards everything.
+pub struct Counted {
+    pub inner: Arc<dyn idem::store::Store>,
+    pub counts: Arc<Counts>,
+}
+
+impl Counted {
+    fn call(&self) {
+        self.counts.calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+mod counted {
+    use std::sync::atomic::Ordering;
+
+    use idem::IdempotencyKey;
+    use idem::store::{
+        BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Fenced,
+        FencingToken, Record, Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
+    };
+
+    use super::Counted;
+
+    impl Store for Counted {
+        fn backend(&self) -> &'static str {
+            self.inner.backend()
+        }
+        fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
+            self.call();
+            self.counts.claims.fetch_add(1, Ordering::Relaxed);
+            self.inner.claim(req)
+        }
+        fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
+            self.call();
+            self.inner.complete(c)
+        }
+        fn claim_batch<'a>(&'a self, b: BatchClaim<'a>) -> StoreFuture<'a, Vec<Claim>> {
+            self.call();
+            self.inner.claim_batch(b)
+        }
+        fn settle_batch<'a>(&'a self, b: BatchSettlement<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+            self.call();
+            self.inner.settle_batch(b)
+        }
+        fn renew_batch<'a>(&'a self, b: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
+            self.call();
+            self.inner.renew_batch(b)
+        }
+        fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
+            self.call();
+            self.inner.renew(r)
+        }
+        fn release<'a>(
+            &'a self,
+            tenant: &'a str,
+            key: IdempotencyKey,
+            token: FencingToken,
+        ) -> StoreFuture<'a, Fenced> {
+            self.call();
+            self.inner.release(tenant, key, token)
+        }
+        fn lookup<'a>(
+            &'a self,
+            tenant: &'a str,
+            key: IdempotencyKey,
+        ) -> StoreFuture<'a, Option<Record>> {
+            self.call();
+            self.inner.lookup(tenant, key)
+        }
+        fn purge_expired(&self, now: UnixMillis, limit: usize) -> StoreFuture<'_, usize> {
+            self.inner.purge_expired(now, limit)
+        }
+        fn health(&self) -> StoreFuture<'_, StoreHealth> {
+            self.inner.health()
+        }
+        fn watch<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Watch> {
+            self.inner.watch(tenant, key)
+        }
+    }
+}
