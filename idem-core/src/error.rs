@@ -516,6 +516,9 @@ pub enum StoreErrorKind {
     Corrupt,
     /// The store is shutting down or its worker is gone.
     Closed,
+    /// The store does not offer the operation (a store written before streams, asked to
+    /// record one).
+    Unsupported,
     /// Anything else the driver reported.
     Other,
 }

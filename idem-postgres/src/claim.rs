@@ -89,6 +89,11 @@ pub(super) struct Sql {
     /// The fenced renewals of a batch's items: the positions renewed.
     pub(super) renew_batch: Statement,
     pub(super) renew: Statement,
+    /// Chunks appended to a claimed key's stream: whether the token owns the record, how many
+    /// chunks its stream held, how many were added.
+    pub(super) append_chunks: Statement,
+    /// A record and a page of its current token's stream, as [`COLUMNS`] and an array.
+    pub(super) read_chunks: Statement,
     pub(super) release: Statement,
     pub(super) lookup: Statement,
     pub(super) scan: Statement,
@@ -103,6 +108,7 @@ pub(super) struct Sql {
 impl Sql {
     pub(super) fn new(schema: &str) -> Self {
         let t = format!("\"{schema}\".idem_records");
+        let c = format!("\"{schema}\".idem_chunks");
         // The notice names the key in hex (see `notices.rs`); the channel is a literal.
         let notify = format!(
             "pg_notify('{}', encode(key, 'hex'))",
@@ -223,6 +229,40 @@ impl Sql {
                     "UPDATE {t} SET lease_expires_at = $4, expires_at = GREATEST(expires_at, $4) \
                  WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
                  RETURNING 1"
+                ),
+                &[Type::TEXT, Type::BYTEA, Type::INT8, Type::INT8],
+            ),
+            append_chunks: statement(
+                format!(
+                    "WITH owner AS (SELECT 1 FROM {t} WHERE tenant = $1 AND key = $2 \
+                     AND token = $3 AND status = 'in_flight' FOR SHARE), \
+                 dropped AS (DELETE FROM {c} WHERE $4::bigint = 0 AND tenant = $1 AND key = $2 \
+                     AND token <> $3 AND EXISTS (SELECT 1 FROM owner)), \
+                 have AS (SELECT coalesce(max(seq) + 1, 0) AS n FROM {c} \
+                     WHERE tenant = $1 AND key = $2 AND token = $3), \
+                 added AS (INSERT INTO {c} (tenant, key, token, seq, data) \
+                     SELECT $1, $2, $3, $4::bigint + u.ord - 1, u.data \
+                     FROM unnest($5::bytea[]) WITH ORDINALITY AS u(data, ord), have \
+                     WHERE EXISTS (SELECT 1 FROM owner) AND $4::bigint <= have.n \
+                     AND $4::bigint + u.ord - 1 >= have.n \
+                     ON CONFLICT DO NOTHING RETURNING 1) \
+                 SELECT EXISTS (SELECT 1 FROM owner), (SELECT n FROM have), \
+                     (SELECT count(*) FROM added)"
+                ),
+                &[
+                    Type::TEXT,
+                    Type::BYTEA,
+                    Type::INT8,
+                    Type::INT8,
+                    Type::BYTEA_ARRAY,
+                ],
+            ),
+            read_chunks: statement(
+                format!(
+                    "SELECT {COLUMNS}, ARRAY(SELECT data FROM {c} c WHERE c.tenant = r.tenant \
+                     AND c.key = r.key AND c.token = r.token AND c.seq >= $3::bigint \
+                     ORDER BY c.seq LIMIT $4::bigint) \
+                 FROM {t} r WHERE r.tenant = $1 AND r.key = $2"
                 ),
                 &[Type::TEXT, Type::BYTEA, Type::INT8, Type::INT8],
             ),

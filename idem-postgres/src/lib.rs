@@ -51,10 +51,11 @@ use tokio_postgres::types::{ToSql, Type};
 use idem_core::key::IdempotencyKey;
 use idem_core::store::batch::{by_key, in_item_order};
 use idem_core::store::replay_cache::ReplayCache;
+use idem_core::store::stream::out_of_order;
 use idem_core::store::{
-    BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Fenced,
-    FencingToken, Record, Renewal, Settle, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
-    after,
+    BatchClaim, BatchRenewal, BatchSettlement, ChunkAppend, ChunkRead, Claim, ClaimRequest,
+    Completion, Fenced, FencingToken, Record, Renewal, Settle, Store, StoreFuture, StoreHealth,
+    StreamPage, UnixMillis, Watch, after,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -538,6 +539,55 @@ impl Store for PostgresStore {
         })
     }
 
+    /// One statement: the owner's check (locking its record against a takeover until the
+    /// chunks are in), an earlier holder's chunks dropped, the chunks added.
+    fn append_chunks<'a>(&'a self, a: ChunkAppend<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            const OP: &str = "append_chunks";
+            let (key, token) = (&a.key.as_bytes()[..], a.token.get() as i64);
+            let first = i64::try_from(a.first).unwrap_or(i64::MAX);
+            let rows = self
+                .query(
+                    OP,
+                    &self.inner.sql.append_chunks,
+                    &[&a.tenant, &key, &token, &first, &a.chunks],
+                )
+                .await?;
+            let row = rows.first().ok_or_else(|| corrupt(OP, "no answer"))?;
+            let (owns, have): (bool, i64) = (row.get(0), row.get(1));
+            if !owns {
+                return Ok(Fenced::Lost);
+            }
+            if first > have {
+                return Err(out_of_order(BACKEND, a.first, have.max(0) as u64));
+            }
+            Ok(Fenced::Applied)
+        })
+    }
+
+    /// One statement: the record, and its stream's page as an array.
+    fn read_chunks<'a>(&'a self, r: ChunkRead<'a>) -> StoreFuture<'a, Option<StreamPage>> {
+        Box::pin(async move {
+            let key = &r.key.as_bytes()[..];
+            let from = i64::try_from(r.from).unwrap_or(i64::MAX);
+            let limit = i64::try_from(r.limit.max(1)).unwrap_or(i64::MAX);
+            let rows = self
+                .query(
+                    "read_chunks",
+                    &self.inner.sql.read_chunks,
+                    &[&r.tenant, &key, &from, &limit],
+                )
+                .await?;
+            let Some(row) = rows.first() else {
+                return Ok(None);
+            };
+            Ok(Some(StreamPage {
+                record: decode_record(row)?,
+                chunks: row.get(11),
+            }))
+        })
+    }
+
     fn lookup<'a>(
         &'a self,
         tenant: &'a str,
@@ -632,6 +682,81 @@ impl PostgresStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Deleting a record deletes the chunks of its stream, however it goes: a release, a purge,
+    /// an operator's delete (in a schema of its own, which the purge may empty).
+    #[tokio::test]
+    async fn deleting_a_record_leaves_no_chunk() {
+        let Some(url) = idem_core::store::conformance::test_server_url("IDEM_TEST_POSTGRES_URL")
+        else {
+            return;
+        };
+        let schema = format!("chunks_{}", uuid::Uuid::new_v4().simple());
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let store = PostgresStore::open_url(&format!("{url}{sep}schema={schema}"))
+            .await
+            .expect("open");
+        let count = || async {
+            let client = store.client("count").await.expect("client");
+            let sql = format!("SELECT count(*) FROM \"{schema}\".idem_chunks");
+            let rows = client.query_typed(&sql, &[]).await.expect("count");
+            rows[0].get::<_, i64>(0)
+        };
+        let chunks = vec![vec![1u8; 100]; 10];
+        let mut held = Vec::new();
+        for n in 0..3u32 {
+            let key = idem_core::key::derive_key(
+                "t",
+                "tool",
+                &[idem_core::key::KeyPart::new(&n).unwrap()],
+            );
+            let claim = store.claim(ClaimRequest {
+                tenant: "t",
+                key,
+                tool: "tool",
+                fingerprint: idem_core::Fingerprint::from_bytes([7; 32]),
+                now: 1_000,
+                lease: std::time::Duration::from_secs(30),
+                ttl: std::time::Duration::from_secs(3_600),
+                orphans: idem_core::store::Orphans::TakeOver,
+            });
+            let Claim::Acquired { token, .. } = claim.await.expect("claim") else {
+                panic!("a new key is acquired");
+            };
+            let append = ChunkAppend {
+                tenant: "t",
+                key,
+                token,
+                first: 0,
+                chunks: &chunks,
+            };
+            assert_eq!(
+                store.append_chunks(append).await.expect("append"),
+                Fenced::Applied
+            );
+            held.push((key, token));
+        }
+        assert_eq!(count().await, 30);
+        let (key, token) = held[0];
+        assert_eq!(
+            store.release("t", key, token).await.expect("release"),
+            Fenced::Applied
+        );
+        assert_eq!(count().await, 20, "released");
+        let deleted = idem_core::store::admin::AdminStore::delete(&store, "t", held[1].0);
+        assert_eq!(deleted.await.expect("delete"), Fenced::Applied);
+        assert_eq!(count().await, 10, "deleted by an operator");
+        assert_eq!(
+            store.purge_expired(u64::MAX / 2, 10).await.expect("purge"),
+            1
+        );
+        assert_eq!(count().await, 0, "purged");
+        let client = store.client("drop").await.expect("client");
+        client
+            .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .await
+            .expect("drop the schema");
+    }
 
     /// A claim whose answer was lost is sent again with the same token (see `query`): the
     /// plain statement leaves it to the function, which recognises the claim as its own.

@@ -8,13 +8,14 @@ use super::store::PostgresStore;
 use idem_core::{StoreError, StoreErrorKind};
 
 /// The schema version this build writes (2 added the `unknown` status, the orphan policy of
-/// `idem_claim` and the operator's `note`; a version-1 schema is upgraded on open).
-pub const SCHEMA_VERSION: u32 = 2;
+/// `idem_claim` and the operator's `note`; 3 the chunks of streams; older schemas are upgraded
+/// on open).
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// A constant for `pg_advisory_xact_lock`, so migrations of one database run one at a time.
 pub(super) const MIGRATION_LOCK: i64 = 0x6964_656d_0001; // "idem" + 1
 
-/// The schema, version 2. `{s}` is the quoted schema name.
+/// The schema, version 3. `{s}` is the quoted schema name.
 pub(super) const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS {s}.idem_records (
     tenant           text     NOT NULL,
@@ -57,6 +58,19 @@ BEGIN
         ALTER TABLE {s}.idem_records DROP CONSTRAINT IF EXISTS idem_records_key_check,
             DROP CONSTRAINT IF EXISTS idem_records_fingerprint_check,
             DROP CONSTRAINT IF EXISTS idem_records_status_check;
+    END IF;
+    -- The chunks of streams, each under the token of the claim that wrote it; deleting a
+    -- record (release, purge, an operator) deletes its chunks.
+    IF to_regclass('{s}.idem_chunks') IS NULL THEN
+        CREATE TABLE {s}.idem_chunks (
+            tenant text   NOT NULL,
+            key    bytea  NOT NULL,
+            token  bigint NOT NULL,
+            seq    bigint NOT NULL,
+            data   bytea  NOT NULL,
+            PRIMARY KEY (tenant, key, token, seq),
+            FOREIGN KEY (tenant, key) REFERENCES {s}.idem_records (tenant, key) ON DELETE CASCADE
+        );
     END IF;
 END
 $do$;

@@ -8,7 +8,8 @@ use idem_core::store::admin::{AdminStore, Page, Resolution};
 use idem_core::store::{Fenced, Store, StoreFuture, UnixMillis};
 use idem_core::{StoreError, StoreErrorKind};
 
-/// An operator's resolution of a blocked record. KEYS: the record, its note. ARGV: `c`
+/// An operator's resolution of a blocked record (a release deletes its stream's chunks too,
+/// named from the record's key: see `scripts.rs`). KEYS: the record, its note. ARGV: `c`
 /// (complete) or `r` (release), the result, the reason, now. 1: applied (now, or by an earlier
 /// delivery of this very resolution), 0: the record is gone or not blocked.
 pub(super) const RESOLVE: &str = r"
@@ -25,7 +26,7 @@ if status == 'c' then
 end
 if status == 'i' and tonumber(string.sub(v, 50, 65)) > tonumber(ARGV[4]) then return 0 end
 if ARGV[1] == 'r' then
-  redis.call('DEL', k, note)
+  redis.call('DEL', k, note, k .. ':stream')
   return 1
 end
 redis.call('SET', k, string.sub(v, 1, 32) .. 'c' .. string.sub(v, 34, 81) .. resolved
@@ -45,7 +46,7 @@ impl AdminStore for RedisStore {
             let record = self.record_key(tenant, &key);
             let (deleted, _): (i64, i64) = redis::pipe()
                 .del(&record)
-                .del(format!("{record}:note"))
+                .del(&[format!("{record}:note"), format!("{record}:stream")])
                 .query_async(&mut self.conn.clone())
                 .await
                 .map_err(|e| redis_error("delete", e))?;
@@ -120,7 +121,10 @@ impl AdminStore for RedisStore {
                     .await
                     .and_then(|v| redis::from_redis_value(v).map_err(redis::RedisError::from))
                     .map_err(|e| redis_error(OP, e))?;
-                for name in names.iter().filter(|n| !n.ends_with(":note")) {
+                for name in names
+                    .iter()
+                    .filter(|n| !n.ends_with(":note") && !n.ends_with(":stream"))
+                {
                     let Some((tenant, key)) = parse_record_key(&self.prefix, name) else {
                         continue;
                     };

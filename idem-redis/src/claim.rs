@@ -11,10 +11,11 @@ use super::driver::{
 use super::record::{SCHEMA_VERSION, decode_record, layout};
 use super::store::RedisStore;
 use idem_core::key::IdempotencyKey;
+use idem_core::store::stream::out_of_order;
 use idem_core::store::{
-    BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Decision, Fenced,
-    FencingToken, Orphans, Record, RecordStatus, Renewal, Settle, Store, StoreFuture, StoreHealth,
-    UnixMillis, Watch, after, decide,
+    BatchClaim, BatchRenewal, BatchSettlement, ChunkAppend, ChunkRead, Claim, ClaimRequest,
+    Completion, Decision, Fenced, FencingToken, Orphans, Record, RecordStatus, Renewal, Settle,
+    Store, StoreFuture, StoreHealth, StreamPage, UnixMillis, Watch, after, decide,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -38,6 +39,12 @@ fn new_record(req: &ClaimRequest<'_>, token: FencingToken) -> Vec<u8> {
     .expect("writing to a Vec cannot fail");
     new.extend_from_slice(req.tool.as_bytes());
     new
+}
+
+/// The key of the hash that holds the chunks of `record`'s stream (see `scripts.rs`): the
+/// record's key and `:s`, in the record's slot.
+fn stream_key(record: &str) -> String {
+    format!("{record}:stream")
 }
 
 /// Whether a tool name fits the record's 4-digit length field.
@@ -396,6 +403,58 @@ impl Store for RedisStore {
             } else {
                 Fenced::Lost
             })
+        })
+    }
+
+    /// One script over the record and its stream's hash (one slot).
+    fn append_chunks<'a>(&'a self, a: ChunkAppend<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            const OP: &str = "append_chunks";
+            let token = token_arg(a.token);
+            let first = a.first.to_string();
+            let record = self.record_key(a.tenant, &a.key);
+            let stream = stream_key(&record);
+            let mut args: Vec<&[u8]> = vec![token.as_bytes(), first.as_bytes()];
+            args.extend(a.chunks.iter().map(Vec::as_slice));
+            let answer: Vec<i64> = self
+                .invoke(OP, &self.scripts.append_chunks, &[&record, &stream], &args)
+                .await?;
+            match answer.as_slice() {
+                [0] => Ok(Fenced::Lost),
+                [1, _] => {
+                    self.replicated(OP, a.tenant, &a.key, a.token, false)
+                        .await?;
+                    Ok(Fenced::Applied)
+                }
+                [-1, have] => Err(out_of_order(BACKEND, a.first, (*have).max(0) as u64)),
+                _ => Err(corrupt(OP, "the server answered something unexpected")),
+            }
+        })
+    }
+
+    /// One script over the record and its stream's hash: one atomic read.
+    fn read_chunks<'a>(&'a self, r: ChunkRead<'a>) -> StoreFuture<'a, Option<StreamPage>> {
+        Box::pin(async move {
+            const OP: &str = "read_chunks";
+            let record = self.record_key(r.tenant, &r.key);
+            let stream = stream_key(&record);
+            let (from, limit) = (r.from.to_string(), r.limit.max(1).to_string());
+            let answer: Vec<Vec<u8>> = self
+                .invoke(
+                    OP,
+                    &self.scripts.read_chunks,
+                    &[&record, &stream],
+                    &[from.as_bytes(), limit.as_bytes()],
+                )
+                .await?;
+            let mut answer = answer.into_iter();
+            let Some(found) = answer.next() else {
+                return Ok(None);
+            };
+            Ok(Some(StreamPage {
+                record: decode_record(OP, r.tenant, r.key, &found)?,
+                chunks: answer.collect(),
+            }))
         })
     }
 

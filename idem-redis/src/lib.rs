@@ -102,7 +102,10 @@ use self::connection::Connection;
 pub use self::record::SCHEMA_VERSION;
 
 use self::admin::RESOLVE;
-use self::scripts::{CLAIM, CLAIM_BATCH, COMPLETE, RELEASE, RENEW, RENEW_BATCH, SETTLE_BATCH};
+use self::scripts::{
+    APPEND_CHUNKS, CLAIM, CLAIM_BATCH, COMPLETE, READ_CHUNKS, RELEASE, RENEW, RENEW_BATCH,
+    SETTLE_BATCH,
+};
 
 inventory::submit! {
     idem_core::store::admin::Driver::new(
@@ -224,6 +227,8 @@ impl RedisStore {
                 renew_batch: Script::new(RENEW_BATCH),
                 release: Script::new(RELEASE),
                 resolve: Script::new(RESOLVE),
+                append_chunks: Script::new(APPEND_CHUNKS),
+                read_chunks: Script::new(READ_CHUNKS),
             }),
             replays: std::sync::Arc::new(ReplayCache::new(options.replay_cache)),
             set_nx_get: server.as_deref().is_some_and(takes_set_nx_get),
@@ -523,6 +528,111 @@ mod tests {
                 return;
             };
             idem_core::store::conformance::settlements_elsewhere_wake_watches(&here, &there).await;
+        }
+
+        /// A stream's hash lives as long as its record (an append gives it the record's time,
+        /// a completion the record's new one) and goes with it (a release, an operator's
+        /// delete).
+        #[tokio::test]
+        async fn a_streams_chunks_live_and_go_with_their_record() {
+            use idem_core::clock::Clock as _;
+            use idem_core::store::{ChunkAppend, Claim, ClaimRequest, Fenced, Store};
+            let Some(store) = store().await else { return };
+            let tenant = format!("stream-{}", uuid::Uuid::new_v4().simple());
+            let chunks = vec![vec![5u8; 10]; 3];
+            let ttl = |name: String| {
+                let mut conn = store.conn.clone();
+                async move {
+                    redis::cmd("PTTL")
+                        .arg(name)
+                        .query_async::<i64>(&mut conn)
+                        .await
+                        .expect("PTTL")
+                }
+            };
+            let now = idem_core::clock::SystemClock.now();
+            let mut held = Vec::new();
+            for n in 0..2u32 {
+                let key = idem_core::key::derive_key(
+                    &tenant,
+                    "tool",
+                    &[idem_core::key::KeyPart::new(&n).unwrap()],
+                );
+                let claim = store.claim(ClaimRequest {
+                    tenant: &tenant,
+                    key,
+                    tool: "tool",
+                    fingerprint: idem_core::Fingerprint::from_bytes([7; 32]),
+                    now,
+                    lease: std::time::Duration::from_secs(30),
+                    ttl: std::time::Duration::from_secs(60),
+                    orphans: idem_core::store::Orphans::TakeOver,
+                });
+                let Claim::Acquired { token, .. } = claim.await.expect("claim") else {
+                    panic!("a new key is acquired");
+                };
+                let append = ChunkAppend {
+                    tenant: &tenant,
+                    key,
+                    token,
+                    first: 0,
+                    chunks: &chunks,
+                };
+                assert_eq!(
+                    store.append_chunks(append).await.expect("append"),
+                    Fenced::Applied
+                );
+                let record = store.record_key(&tenant, &key);
+                let (r, s) = (
+                    ttl(record.clone()).await,
+                    ttl(format!("{record}:stream")).await,
+                );
+                assert!(
+                    s > 0 && (r - s).abs() < 1_000,
+                    "record {r} ms, stream {s} ms"
+                );
+                held.push((key, token, record));
+            }
+            let (key, token, record) = &held[0];
+            let completion = idem_core::store::Completion {
+                tenant: &tenant,
+                key: *key,
+                token: *token,
+                status: idem_core::store::RecordStatus::Completed,
+                result: b"done",
+                now,
+                ttl: std::time::Duration::from_secs(3_600),
+                notify: false,
+            };
+            assert_eq!(
+                store.complete(completion).await.expect("complete"),
+                Fenced::Applied
+            );
+            let (r, s) = (
+                ttl(record.clone()).await,
+                ttl(format!("{record}:stream")).await,
+            );
+            assert!(
+                s > 3_000_000 && (r - s).abs() < 1_000,
+                "record {r} ms, stream {s} ms"
+            );
+            let deleted = idem_core::store::admin::AdminStore::delete(&store, &tenant, *key);
+            assert_eq!(deleted.await.expect("delete"), Fenced::Applied);
+            assert_eq!(
+                ttl(format!("{record}:stream")).await,
+                -2,
+                "deleted with its record"
+            );
+            let (key, token, record) = &held[1];
+            assert_eq!(
+                store.release(&tenant, *key, *token).await.expect("release"),
+                Fenced::Applied
+            );
+            assert_eq!(
+                ttl(format!("{record}:stream")).await,
+                -2,
+                "released with its record"
+            );
         }
 
         #[tokio::test]

@@ -1,6 +1,12 @@
 //! The Lua scripts of the store, each the same few functions (the claim, the settlements, the
 //! renewal of one key, written once) called for one key or for every key of a batch. Records
 //! are laid out as `record.rs` says.
+//!
+//! The chunks of a stream live in a hash beside the record, at the record's key and `:stream` (its
+//! hash tag, so its slot): `t` the token whose chunks these are, `n` how many, and the chunks
+//! under `0`, `1`, …. The hash lives as long as its record: an append gives it the record's
+//! remaining time, and the settlements and renewals that change the record's expiry change
+//! the hash's in the same script (they name it from the record's key, which shares its slot).
 
 /// The claim of one key, as a Lua function (the body of [`CLAIM`] and [`CLAIM_BATCH`]).
 /// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight,
@@ -63,12 +69,13 @@ local function complete(k, token, result, expires, ttl, status)
   end
   redis.call('SET', k, string.sub(v, 1, 32) .. status .. expires .. string.sub(v, 50, head)
     .. result, 'PX', ttl)
+  redis.call('PEXPIRE', k .. ':stream', ttl)
   return 2
 end
 local function release(k, token)
   local v = redis.call('GET', k)
   if v and string.sub(v, 33, 33) == 'i' and string.sub(v, 82, 100) == token then
-    redis.call('DEL', k)
+    redis.call('DEL', k, k .. ':stream')
     return 1
   end
   return 0
@@ -123,6 +130,7 @@ local function renew(k, token, lease_at, lease_ms)
   if not v or string.sub(v, 33, 33) ~= 'i' or string.sub(v, 82, 100) ~= token then return 0 end
   if tonumber(string.sub(v, 34, 49)) < tonumber(lease_at) then
     redis.call('SET', k, string.sub(v, 1, 33) .. lease_at .. lease_at .. string.sub(v, 66), 'PX', lease_ms)
+    redis.call('PEXPIRE', k .. ':stream', lease_ms)
   else
     redis.call('SET', k, string.sub(v, 1, 49) .. lease_at .. string.sub(v, 66), 'KEEPTTL')
   end
@@ -180,3 +188,50 @@ end
 return out
 "
 );
+
+/// Chunks appended to a claimed key's stream. KEYS: the record, its stream. ARGV: the token,
+/// the position of the first chunk, the chunks. Answers `{0}`: the token lost the key; `{1, n}`:
+/// the stream holds `n` chunks, these among them; `{-1, n}`: the append starts past the end of
+/// a stream of `n` (nothing written). A token's first append drops an earlier holder's chunks.
+pub(super) const APPEND_CHUNKS: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 33, 33) ~= 'i' or string.sub(v, 82, 100) ~= ARGV[1] then return {0} end
+local s = KEYS[2]
+local n = 0
+if redis.call('HGET', s, 't') == ARGV[1] then
+  n = tonumber(redis.call('HGET', s, 'n'))
+else
+  redis.call('DEL', s)
+end
+local first = tonumber(ARGV[2])
+local count = #ARGV - 2
+if first > n then return {-1, n} end
+for i = n - first + 1, count do
+  redis.call('HSET', s, tostring(first + i - 1), ARGV[2 + i])
+end
+if first + count > n then n = first + count end
+redis.call('HSET', s, 't', ARGV[1], 'n', tostring(n))
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then redis.call('PEXPIRE', s, ttl) end
+return {1, n}
+";
+
+/// A record and a page of its current token's stream. KEYS: the record, its stream. ARGV: the
+/// position of the first chunk, the most to read. Answers `{}` without a record, else the
+/// record and the chunks.
+pub(super) const READ_CHUNKS: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return {} end
+local out = {v}
+if redis.call('HGET', KEYS[2], 't') == string.sub(v, 82, 100) then
+  local from = tonumber(ARGV[1])
+  local last = math.min(tonumber(redis.call('HGET', KEYS[2], 'n')), from + tonumber(ARGV[2])) - 1
+  if last >= from then
+    local fields = {}
+    for i = from, last do fields[#fields + 1] = tostring(i) end
+    local got = redis.call('HMGET', KEYS[2], unpack(fields))
+    for i = 1, #got do out[#out + 1] = got[i] end
+  end
+end
+return out
+";

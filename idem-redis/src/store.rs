@@ -46,6 +46,8 @@ pub(crate) struct Scripts {
     pub(crate) renew_batch: Script,
     pub(crate) release: Script,
     pub(crate) resolve: Script,
+    pub(crate) append_chunks: Script,
+    pub(crate) read_chunks: Script,
 }
 
 impl std::fmt::Debug for RedisStore {

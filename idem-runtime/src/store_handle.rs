@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use idem_core::IdempotencyKey;
 use idem_core::store::{
-    BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Fenced,
-    FencingToken, Record, Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
+    BatchClaim, BatchRenewal, BatchSettlement, ChunkAppend, ChunkRead, Claim, ClaimRequest,
+    Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture, StoreHealth, StreamPage,
+    UnixMillis, Watch,
 };
 
 /// The store an [`Idem`](crate::Idem) runtime calls: every [`Store`] operation (it derefs to
@@ -68,6 +69,12 @@ impl Store for IdemStore {
     }
     fn renew_batch<'a>(&'a self, batch: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
         self.0.renew_batch(batch)
+    }
+    fn append_chunks<'a>(&'a self, append: ChunkAppend<'a>) -> StoreFuture<'a, Fenced> {
+        self.0.append_chunks(append)
+    }
+    fn read_chunks<'a>(&'a self, read: ChunkRead<'a>) -> StoreFuture<'a, Option<StreamPage>> {
+        self.0.read_chunks(read)
     }
     fn release<'a>(
         &'a self,

@@ -8,9 +8,10 @@ use rusqlite::{Connection, params};
 use super::driver::{BACKEND, bytes32, db_time, sql_error, status};
 use idem_core::fingerprint::Fingerprint;
 use idem_core::key::IdempotencyKey;
+use idem_core::store::stream::{AppendAt, out_of_order};
 use idem_core::store::{
-    Claim, Decision, Fenced, FencingToken, Held, Orphans, Record, RecordStatus, UnixMillis, after,
-    decide,
+    Claim, Decision, Fenced, FencingToken, Held, Orphans, Record, RecordStatus, StreamPage,
+    UnixMillis, after, decide,
 };
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -69,6 +70,15 @@ pub(super) enum Op {
         result: Option<Vec<u8>>,
         reason: String,
         now: UnixMillis,
+    },
+    /// Chunks appended to the stream of a claimed key, fenced by its token (all of them or,
+    /// on an error, none).
+    Append {
+        tenant: String,
+        key: IdempotencyKey,
+        token: FencingToken,
+        first: u64,
+        chunks: Vec<Vec<u8>>,
     },
     /// The operations of a batch's items, in one job of the group commit: all of them or, if
     /// one fails, none (a savepoint).
@@ -143,19 +153,39 @@ pub(super) fn read_held(
     Ok(Some((held, result)))
 }
 
+/// Runs `f` inside a savepoint: what it wrote stays only if it succeeds.
+fn all_or_nothing<T>(
+    tx: &Connection,
+    op: &str,
+    f: impl FnOnce() -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let savepoint = |sql| tx.execute_batch(sql).map_err(|e| sql_error(op, e));
+    savepoint("SAVEPOINT idem_op")?;
+    let out = f();
+    if out.is_err() {
+        savepoint("ROLLBACK TO idem_op")?;
+    }
+    savepoint("RELEASE idem_op")?;
+    out
+}
+
 pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
     match op {
-        Op::Batch(ops) => {
-            let savepoint = |sql| tx.execute_batch(sql).map_err(|e| sql_error("batch", e));
-            savepoint("SAVEPOINT idem_batch")?;
-            let replies: Result<Vec<Reply>, StoreError> =
-                ops.into_iter().map(|op| apply(tx, op)).collect();
-            if replies.is_err() {
-                savepoint("ROLLBACK TO idem_batch")?;
-            }
-            savepoint("RELEASE idem_batch")?;
-            replies.map(Reply::Batch)
-        }
+        Op::Batch(ops) => all_or_nothing(tx, "batch", || {
+            ops.into_iter()
+                .map(|op| apply(tx, op))
+                .collect::<Result<Vec<Reply>, StoreError>>()
+                .map(Reply::Batch)
+        }),
+        Op::Append {
+            tenant,
+            key,
+            token,
+            first,
+            chunks,
+        } => all_or_nothing(tx, "append_chunks", || {
+            append(tx, &tenant, &key, token, first, &chunks)
+        }),
         Op::Claim {
             tenant,
             key,
@@ -356,6 +386,104 @@ pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
             Ok(Reply::Purged(n))
         }
     }
+}
+
+/// Appends `chunks` at `first` to the stream of `key` if `token` owns its `in_flight` record
+/// (see `idem_core::store::stream`): a new holder's first append drops an older holder's chunks.
+fn append(
+    tx: &Connection,
+    tenant: &str,
+    key: &IdempotencyKey,
+    token: FencingToken,
+    first: u64,
+    chunks: &[Vec<u8>],
+) -> Result<Reply, StoreError> {
+    let err = |e| sql_error("append_chunks", e);
+    let (key, token) = (&key.as_bytes()[..], token.get() as i64);
+    let owns = tx
+        .prepare_cached(
+            "SELECT 1 FROM idem_records WHERE tenant = ?1 AND key = ?2 AND token = ?3 \
+             AND status = 'in_flight'",
+        )
+        .and_then(|mut s| s.exists(params![tenant, key, token]))
+        .map_err(err)?;
+    if !owns {
+        return Ok(fenced(0));
+    }
+    if first == 0 {
+        tx.prepare_cached("DELETE FROM idem_chunks WHERE tenant = ?1 AND key = ?2 AND token <> ?3")
+            .and_then(|mut s| s.execute(params![tenant, key, token]))
+            .map_err(err)?;
+    }
+    let have: i64 = tx
+        .prepare_cached(
+            "SELECT coalesce(max(seq) + 1, 0) FROM idem_chunks \
+             WHERE tenant = ?1 AND key = ?2 AND token = ?3",
+        )
+        .and_then(|mut s| s.query_row(params![tenant, key, token], |r| r.get(0)))
+        .map_err(err)?;
+    let have = have.max(0) as u64;
+    let skip = match AppendAt::decide(have, first, chunks.len()) {
+        AppendAt::Done => return Ok(fenced(1)),
+        AppendAt::From(skip) => skip,
+        AppendAt::Gap => return Err(out_of_order(BACKEND, first, have)),
+    };
+    let mut insert = tx
+        .prepare_cached(
+            "INSERT INTO idem_chunks (tenant, key, token, seq, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .map_err(err)?;
+    for (seq, chunk) in (first + skip as u64..).zip(&chunks[skip..]) {
+        insert
+            .execute(params![tenant, key, token, seq as i64, chunk])
+            .map_err(err)?;
+    }
+    Ok(fenced(1))
+}
+
+/// The record of `key` and at most `limit` chunks of its current token's stream from `from`,
+/// read in one transaction (one snapshot of the file).
+pub(super) fn read_page(
+    conn: &Connection,
+    tenant: &str,
+    key: &IdempotencyKey,
+    from: u64,
+    limit: usize,
+) -> Result<Option<StreamPage>, StoreError> {
+    let err = |e| sql_error("read_chunks", e);
+    let tx = conn.unchecked_transaction().map_err(err)?;
+    let sql = format!("SELECT {RECORD_COLUMNS} FROM idem_records WHERE tenant = ?1 AND key = ?2");
+    let record = {
+        let mut stmt = tx.prepare_cached(&sql).map_err(err)?;
+        let mut rows = stmt
+            .query(params![tenant, &key.as_bytes()[..]])
+            .map_err(err)?;
+        match rows.next().map_err(err)? {
+            Some(row) => decode_record("read_chunks", row)?,
+            None => return Ok(None),
+        }
+    };
+    let chunks = tx
+        .prepare_cached(
+            "SELECT data FROM idem_chunks WHERE tenant = ?1 AND key = ?2 AND token = ?3 \
+             AND seq >= ?4 ORDER BY seq LIMIT ?5",
+        )
+        .and_then(|mut s| {
+            s.query_map(
+                params![
+                    tenant,
+                    &key.as_bytes()[..],
+                    record.token.get() as i64,
+                    i64::try_from(from).unwrap_or(i64::MAX),
+                    limit.max(1) as i64
+                ],
+                |r| r.get::<_, Vec<u8>>(0),
+            )?
+            .collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(err)?;
+    tx.finish().map_err(err)?;
+    Ok(Some(StreamPage { record, chunks }))
 }
 
 /// A fenced write's answer from the number of rows it changed.

@@ -11,9 +11,9 @@ use idem_core::{StoreError, StoreErrorKind};
 
 /// The schema version this build writes (2 added the `unknown` status and the operator's
 /// `note`; 3 spells the status check as comparisons, for an `IN` list made SQLite build a
-/// temporary b-tree at every insert and update of a record; files of versions 1 and 2 are
-/// upgraded on open).
-pub const SCHEMA_VERSION: u32 = 3;
+/// temporary b-tree at every insert and update of a record; 4 added the chunks of streams;
+/// files of versions 1 to 3 are upgraded on open).
+pub const SCHEMA_VERSION: u32 = 4;
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idem_meta (
@@ -36,6 +36,18 @@ CREATE TABLE IF NOT EXISTS idem_records (
     PRIMARY KEY (tenant, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at);
+CREATE TABLE IF NOT EXISTS idem_chunks (
+    tenant TEXT    NOT NULL,
+    key    BLOB    NOT NULL,
+    token  INTEGER NOT NULL,
+    seq    INTEGER NOT NULL,
+    data   BLOB    NOT NULL,
+    PRIMARY KEY (tenant, key, token, seq)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS idem_records_drop_chunks AFTER DELETE ON idem_records
+BEGIN
+    DELETE FROM idem_chunks WHERE tenant = old.tenant AND key = old.key;
+END;
 ";
 
 /// Upgrades a file of version 1 or 2: SQLite cannot change a CHECK constraint in place, so the
@@ -162,6 +174,12 @@ pub(super) fn migrate(conn: &mut Connection, busy_timeout: Duration) -> Result<(
         }
         Some(v) if v == i64::from(SCHEMA_VERSION) => {}
         Some(v @ (1 | 2)) => upgrade(&tx, v)?,
+        Some(3) => tx
+            .execute_batch(&format!(
+                "{SCHEMA} UPDATE idem_meta SET value = {SCHEMA_VERSION} \
+                 WHERE name = 'schema_version';"
+            ))
+            .map_err(|e| sql_error("upgrading the schema from version 3", e))?,
         Some(v) if v > i64::from(SCHEMA_VERSION) => {
             return Err(StoreError::new(
                 BACKEND,
@@ -294,7 +312,7 @@ mod tests {
         drop(conn);
 
         let store = SqliteStore::open_path(&path).unwrap();
-        assert_eq!(store.health().await.unwrap().schema_version, 3);
+        assert_eq!(store.health().await.unwrap().schema_version, SCHEMA_VERSION);
         let record = store.lookup("t", key).await.unwrap().expect("kept");
         assert_eq!(record.result.as_deref(), Some(&b"kept"[..]));
         assert_eq!(record.note.as_deref(), Some("resolved by hand"));
@@ -303,6 +321,32 @@ mod tests {
             .execute("UPDATE idem_records SET status = 'done'", [])
             .unwrap_err();
         assert!(err.to_string().contains("CHECK"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_version_3_file_is_upgraded_with_the_chunks_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v3.db");
+        drop(SqliteStore::open_path(&path).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP TRIGGER idem_records_drop_chunks; DROP TABLE idem_chunks;
+             UPDATE idem_meta SET value = 3 WHERE name = 'schema_version';",
+        )
+        .unwrap();
+        drop(conn);
+        let store = SqliteStore::open_path(&path).unwrap();
+        assert_eq!(store.health().await.unwrap().schema_version, SCHEMA_VERSION);
+        let conn = Connection::open(&path).unwrap();
+        let made: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name IN \
+                 ('idem_chunks', 'idem_records_drop_chunks')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(made, 2, "the table and its trigger");
     }
 
     /// The status check is evaluated at every write of a record: spelled as an `IN` list, it

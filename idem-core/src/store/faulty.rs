@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::{
-    BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Fenced,
-    FencingToken, Record, Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
+    BatchClaim, BatchRenewal, BatchSettlement, ChunkAppend, ChunkRead, Claim, ClaimRequest,
+    Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture, StoreHealth, StreamPage,
+    UnixMillis, Watch,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -212,6 +213,14 @@ impl<S: Store> Store for FaultyStore<S> {
 
     fn renew_batch<'a>(&'a self, batch: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
         Box::pin(self.inject("renew", self.inner.renew_batch(batch)))
+    }
+
+    fn append_chunks<'a>(&'a self, append: ChunkAppend<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(self.inject("append_chunks", self.inner.append_chunks(append)))
+    }
+
+    fn read_chunks<'a>(&'a self, read: ChunkRead<'a>) -> StoreFuture<'a, Option<StreamPage>> {
+        Box::pin(self.inject("read_chunks", self.inner.read_chunks(read)))
     }
 
     fn release<'a>(

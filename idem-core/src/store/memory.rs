@@ -10,9 +10,11 @@ use std::sync::Mutex;
 use std::sync::Arc;
 
 use super::admin::{self, AdminStore, Driver, Opened, Page, Resolution, invalid_url};
+use super::stream::{AppendAt, out_of_order};
 use super::{
-    Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken, Record, RecordStatus, Renewal,
-    Store, StoreFuture, StoreHealth, UnixMillis, Watch, Watchers, after, decide,
+    ChunkAppend, ChunkRead, Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken,
+    Record, RecordStatus, Renewal, Store, StoreFuture, StoreHealth, StreamPage, UnixMillis, Watch,
+    Watchers, after, decide,
 };
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::IdempotencyKey;
@@ -38,9 +40,42 @@ async fn open_url(url: &str) -> Opened {
 /// A [`Store`] in process memory.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    tenants: Mutex<HashMap<String, HashMap<IdempotencyKey, Record>>>,
+    tenants: Mutex<HashMap<String, HashMap<IdempotencyKey, Entry>>>,
     /// Callers waiting for a key to settle: woken by every completion and release.
     watchers: Watchers,
+}
+
+/// A record and the stream of chunks written under it: deleting the record drops them.
+#[derive(Debug)]
+struct Entry {
+    record: Record,
+    /// The token whose chunks these are (a new holder's first append drops an older one's).
+    stream_token: FencingToken,
+    chunks: Vec<Vec<u8>>,
+}
+
+impl From<Record> for Entry {
+    fn from(record: Record) -> Self {
+        Entry {
+            stream_token: record.token,
+            record,
+            chunks: Vec::new(),
+        }
+    }
+}
+
+impl std::ops::Deref for Entry {
+    type Target = Record;
+
+    fn deref(&self) -> &Record {
+        &self.record
+    }
+}
+
+impl std::ops::DerefMut for Entry {
+    fn deref_mut(&mut self) -> &mut Record {
+        &mut self.record
+    }
 }
 
 impl MemoryStore {
@@ -51,7 +86,7 @@ impl MemoryStore {
 
     fn with<T>(
         &self,
-        f: impl FnOnce(&mut HashMap<String, HashMap<IdempotencyKey, Record>>) -> T,
+        f: impl FnOnce(&mut HashMap<String, HashMap<IdempotencyKey, Entry>>) -> T,
     ) -> Result<T, StoreError> {
         let mut guard = self.tenants.lock().map_err(|_| {
             StoreError::new(
@@ -66,7 +101,7 @@ impl MemoryStore {
     fn claim_now(&self, req: &ClaimRequest<'_>) -> Result<Claim, StoreError> {
         self.with(|tenants| {
             let records = tenants.entry(req.tenant.to_owned()).or_default();
-            let held = records.get(&req.key).map(Record::held);
+            let held = records.get(&req.key).map(|e| e.record.held());
             match decide(held, req.fingerprint, req.now, req.orphans) {
                 Decision::Mismatch => Claim::Mismatch,
                 Decision::Blocked => Claim::Unknown,
@@ -82,7 +117,7 @@ impl MemoryStore {
                     let token = FencingToken::generate();
                     records.insert(
                         req.key,
-                        Record {
+                        Entry::from(Record {
                             tenant: req.tenant.to_owned(),
                             key: req.key,
                             tool: req.tool.to_owned(),
@@ -94,7 +129,7 @@ impl MemoryStore {
                             expires_at: after(req.now, req.ttl),
                             result: None,
                             note: None,
-                        },
+                        }),
                     );
                     Claim::Acquired {
                         token,
@@ -174,6 +209,54 @@ impl Store for MemoryStore {
         })
     }
 
+    fn append_chunks<'a>(&'a self, a: ChunkAppend<'a>) -> StoreFuture<'a, Fenced> {
+        Box::pin(async move {
+            self.with(|tenants| {
+                let Some(entry) = tenants.get_mut(a.tenant).and_then(|r| r.get_mut(&a.key)) else {
+                    return Ok(Fenced::Lost);
+                };
+                if entry.record.token != a.token || entry.record.status != RecordStatus::InFlight {
+                    return Ok(Fenced::Lost);
+                }
+                if entry.stream_token != a.token {
+                    entry.stream_token = a.token;
+                    entry.chunks.clear();
+                }
+                let have = entry.chunks.len() as u64;
+                match AppendAt::decide(have, a.first, a.chunks.len()) {
+                    AppendAt::Done => {}
+                    AppendAt::From(skip) => entry.chunks.extend_from_slice(&a.chunks[skip..]),
+                    AppendAt::Gap => return Err(out_of_order("memory", a.first, have)),
+                }
+                Ok(Fenced::Applied)
+            })?
+        })
+    }
+
+    fn read_chunks<'a>(&'a self, r: ChunkRead<'a>) -> StoreFuture<'a, Option<StreamPage>> {
+        Box::pin(async move {
+            self.with(|tenants| {
+                let entry = tenants.get(r.tenant).and_then(|t| t.get(&r.key))?;
+                let chunks = if entry.stream_token == entry.record.token {
+                    let from = usize::try_from(r.from).unwrap_or(usize::MAX);
+                    entry
+                        .chunks
+                        .iter()
+                        .skip(from)
+                        .take(r.limit.max(1))
+                        .cloned()
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                Some(StreamPage {
+                    record: entry.record.clone(),
+                    chunks,
+                })
+            })
+        })
+    }
+
     fn release<'a>(
         &'a self,
         tenant: &'a str,
@@ -206,7 +289,12 @@ impl Store for MemoryStore {
         key: IdempotencyKey,
     ) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
-            self.with(|tenants| tenants.get(tenant).and_then(|r| r.get(&key)).cloned())
+            self.with(|tenants| {
+                tenants
+                    .get(tenant)
+                    .and_then(|r| r.get(&key))
+                    .map(|e| e.record.clone())
+            })
         })
     }
 
@@ -279,7 +367,7 @@ impl AdminStore for MemoryStore {
             self.with(|tenants| {
                 let mut all: Vec<&Record> = tenants
                     .values()
-                    .flat_map(|records| records.values())
+                    .flat_map(|records| records.values().map(|e| &e.record))
                     .filter(|r| tenant.is_none_or(|t| r.tenant == t))
                     .filter(|r| {
                         after.as_ref().is_none_or(|(t, k)| {

@@ -2,7 +2,8 @@
 //!
 //! [`Store`] is the small async trait every backend implements: claim, complete, renew,
 //! release, lookup, purge and a health check (and, for [`batch`]es, the claims and the
-//! settlements of many keys in one round trip, item by item unless a backend does better). The decision of a claim is made by one function,
+//! settlements of many keys in one round trip, item by item unless a backend does better; for
+//! [`stream`]s, the chunks of a call recorded and read back). The decision of a claim is made by one function,
 //! [`decide`], that every backend calls on the record it holds, inside its own atomic section,
 //! so the table below is written once:
 //!
@@ -40,6 +41,7 @@ pub mod read_first;
 mod record;
 #[cfg(feature = "replay-cache")]
 pub mod replay_cache;
+pub mod stream;
 #[cfg(feature = "rustls")]
 pub mod tls;
 pub mod watch;
@@ -53,6 +55,7 @@ pub use record::{
     Claim, ClaimRequest, Completion, Fenced, FencingToken, Orphans, Record, RecordStatus, Renewal,
     StoreHealth,
 };
+pub use stream::{ChunkAppend, ChunkRead, StreamPage};
 pub use watch::{Watch, Watchers};
 
 /// The future every store operation returns.
@@ -102,6 +105,22 @@ pub trait Store: Send + Sync {
     /// them one by one; a backend answers in one round trip.
     fn renew_batch<'a>(&'a self, batch: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
         Box::pin(batch::renew_each(self, batch))
+    }
+
+    /// Appends chunks to the stream of a claimed `in_flight` key, if the token still owns it
+    /// (see [`stream`]). The default answers [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported).
+    fn append_chunks<'a>(&'a self, append: ChunkAppend<'a>) -> StoreFuture<'a, Fenced> {
+        let _ = append;
+        let error = stream::unsupported(self, "append_chunks");
+        Box::pin(async move { Err(error) })
+    }
+
+    /// Reads a key's record and chunks of its stream, in one atomic read (see [`stream`]). The
+    /// default answers [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported).
+    fn read_chunks<'a>(&'a self, read: ChunkRead<'a>) -> StoreFuture<'a, Option<StreamPage>> {
+        let _ = read;
+        let error = stream::unsupported(self, "read_chunks");
+        Box::pin(async move { Err(error) })
     }
 
     /// Deletes a claimed record, if the token still owns it, so the key is new again.
@@ -171,6 +190,15 @@ macro_rules! forward_store {
             }
             fn renew_batch<'a>(&'a self, batch: BatchRenewal<'a>) -> StoreFuture<'a, Vec<Fenced>> {
                 (**self).renew_batch(batch)
+            }
+            fn append_chunks<'a>(&'a self, append: ChunkAppend<'a>) -> StoreFuture<'a, Fenced> {
+                (**self).append_chunks(append)
+            }
+            fn read_chunks<'a>(
+                &'a self,
+                read: ChunkRead<'a>,
+            ) -> StoreFuture<'a, Option<StreamPage>> {
+                (**self).read_chunks(read)
             }
             fn release<'a>(
                 &'a self,

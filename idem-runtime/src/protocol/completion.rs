@@ -60,7 +60,7 @@ pub struct Recorded {
 fn may_pass(error: &StoreError) -> bool {
     !matches!(
         error.kind(),
-        StoreErrorKind::Schema | StoreErrorKind::Closed
+        StoreErrorKind::Schema | StoreErrorKind::Closed | StoreErrorKind::Unsupported
     )
 }
 

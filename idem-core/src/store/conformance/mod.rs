@@ -14,12 +14,14 @@ mod admin;
 mod batches;
 mod claims;
 mod records;
+mod streams;
 mod support;
 
 pub use self::admin::*;
 pub use self::batches::*;
 pub use self::claims::*;
 pub use self::records::*;
+pub use self::streams::*;
 
 /// Generates one `#[tokio::test]` per conformance check for the store that `$make` (an
 /// expression evaluating to a future of the store) builds. Needs `tokio` with `macros` and
@@ -48,7 +50,10 @@ macro_rules! store_conformance_tests {
             settlements_wake_watches,
             a_completion_sent_again_is_recognised,
             batches_answer_item_by_item,
-            batch_renewals_are_fenced_item_by_item
+            batch_renewals_are_fenced_item_by_item,
+            streams_read_back_in_order,
+            appends_sent_again_apply_once,
+            streams_are_fenced_by_their_holder
         );
     };
     ($make:expr) => {
