@@ -61,8 +61,9 @@ pub trait ClassifyError {
 /// The error of a call of an `#[idempotent]` tool: `E` is the tool's own error type.
 ///
 /// Every variant but [`Error::Tool`] means the tool body did **not** run during this call,
-/// except [`Error::LeaseLost`], [`Error::ResultNotStored`], [`Error::CompletionFailed`] and
-/// [`Error::NotCommitted`], which say that it ran but its result could not be recorded. No message contains a raw key or argument value.
+/// except [`Error::LeaseLost`], [`Error::ResultNotStored`], [`Error::CompletionFailed`],
+/// [`Error::NotCommitted`] and [`Error::StreamNotRecorded`], which say that it ran but its
+/// result could not be recorded. No message contains a raw key or argument value.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error<E> {
@@ -232,6 +233,31 @@ pub enum Error<E> {
         /// How many results it answered.
         answered: usize,
     },
+    /// A streaming tool's body was stopped because a chunk it emitted could not be recorded:
+    /// the store failed at every attempt for the whole completion window. The chunks before it
+    /// are recorded; the key stays in flight until its lease lapses, then the next call takes
+    /// it over as the tool's `on_orphan` says.
+    StreamNotRecorded {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// Short hash of the key.
+        key: KeyHash,
+        /// The position of the chunk (from 0).
+        chunk: u64,
+        /// The store's last error.
+        source: StoreError,
+    },
+    /// A stream being replayed or followed ended before its end: the call that produced it
+    /// died and another took the key over, or its record was released or blocked as unknown.
+    /// The chunks received so far belong to a run that did not finish; retry with the same key.
+    StreamInterrupted {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// Short hash of the key.
+        key: KeyHash,
+        /// How many chunks were received before the stream broke off.
+        received: u64,
+    },
 }
 
 impl<E> Error<E> {
@@ -263,6 +289,7 @@ impl<E> Error<E> {
                 | Error::CompletionFailed { .. }
                 | Error::NotCommitted { .. }
                 | Error::BatchAnswer { .. }
+                | Error::StreamNotRecorded { .. }
                 | Error::ResultTooLarge {
                     replayed: false,
                     ..
@@ -344,6 +371,26 @@ impl<E> Error<E> {
                 tool,
                 expected,
                 answered,
+            },
+            Error::StreamNotRecorded {
+                tool,
+                key,
+                chunk,
+                source,
+            } => Error::StreamNotRecorded {
+                tool,
+                key,
+                chunk,
+                source,
+            },
+            Error::StreamInterrupted {
+                tool,
+                key,
+                received,
+            } => Error::StreamInterrupted {
+                tool,
+                key,
+                received,
             },
         }
     }
@@ -466,6 +513,22 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                  its items may have had their effect and are blocked as unknown until reconciled \
                  (answer one result per item, in order)"
             ),
+            Error::StreamNotRecorded {
+                tool, key, chunk, ..
+            } => write!(
+                f,
+                "tool `{tool}` (key {key}): chunk {chunk} of its stream could not be recorded, \
+                 and the body was stopped; the key stays in flight until its lease lapses"
+            ),
+            Error::StreamInterrupted {
+                tool,
+                key,
+                received,
+            } => write!(
+                f,
+                "tool `{tool}` (key {key}): the stream broke off after {received} chunks (the \
+                 call producing it stopped before its end); retry with the same key"
+            ),
         }
     }
 }
@@ -479,9 +542,9 @@ impl<E: StdError + 'static> StdError for Error<E> {
             Error::Unfingerprintable { source, .. } => Some(source),
             Error::ResultNotStored { source, .. }
             | Error::StoredResultUnreadable { source, .. } => Some(source),
-            Error::CompletionFailed { source, .. } | Error::NotCommitted { source, .. } => {
-                Some(source)
-            }
+            Error::CompletionFailed { source, .. }
+            | Error::NotCommitted { source, .. }
+            | Error::StreamNotRecorded { source, .. } => Some(source),
             Error::CheckFailed { error, .. } => error.source(),
             Error::MissingKey { .. }
             | Error::NoRun { .. }
@@ -491,7 +554,8 @@ impl<E: StdError + 'static> StdError for Error<E> {
             | Error::ResultTooLarge { .. }
             | Error::BatchTooLarge { .. }
             | Error::DuplicateInBatch { .. }
-            | Error::BatchAnswer { .. } => None,
+            | Error::BatchAnswer { .. }
+            | Error::StreamInterrupted { .. } => None,
         }
     }
 }

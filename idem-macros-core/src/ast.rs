@@ -67,12 +67,44 @@ pub struct Transaction {
     pub elem: Type,
 }
 
+/// The emitter of a streaming tool: a parameter `out: idem::Emitter<T>`, which the runtime fills
+/// in (callers never pass it).
+pub struct Emitter {
+    /// Its position in the signature's inputs.
+    pub index: usize,
+    /// The binding as written (`out`).
+    pub pat: Box<Pat>,
+    /// The type as written (`idem::Emitter<Section>`).
+    pub ty: Type,
+    /// The type of its chunks (`Section`).
+    pub chunk: Type,
+}
+
+/// The chunk type of `ty` if it is an emitter: a path ending in `Emitter` with one type
+/// argument.
+fn emitter_chunk(ty: &Type) -> Option<Type> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if path.qself.is_some() || last.ident != "Emitter" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.iter().collect::<Vec<_>>().as_slice() {
+        [GenericArgument::Type(chunk)] => Some(chunk.clone()),
+        _ => None,
+    }
+}
+
 pub struct Tool {
     pub item: ItemFn,
     /// The parameters callers pass: the arguments, fingerprinted and keyed.
     pub params: Vec<Param>,
     /// A transactional tool's transaction, not among `params`.
     pub transaction: Option<Transaction>,
+    /// A streaming tool's emitter, not among `params`.
+    pub emitter: Option<Emitter>,
     pub has_receiver: bool,
     /// `self` taken by value (not `&self` / `&mut self`).
     pub receiver_by_value: bool,
@@ -85,6 +117,7 @@ impl Tool {
     pub fn from_item(item: ItemFn, transactional: bool) -> syn::Result<Self> {
         let mut params = Vec::new();
         let mut transaction = None;
+        let mut emitter: Option<Emitter> = None;
         let mut has_receiver = false;
         let mut receiver_by_value = false;
         for (index, input) in item.sig.inputs.iter().enumerate() {
@@ -107,6 +140,20 @@ impl Tool {
                         pat: pat_type.pat.clone(),
                         ty: (*pat_type.ty).clone(),
                         elem: (*reference.elem).clone(),
+                    });
+                }
+                FnArg::Typed(pat_type) if emitter_chunk(&pat_type.ty).is_some() => {
+                    if emitter.is_some() {
+                        return Err(syn::Error::new(
+                            pat_type.ty.span(),
+                            "a streaming tool takes one `Emitter`: send every chunk through it",
+                        ));
+                    }
+                    emitter = Some(Emitter {
+                        index,
+                        pat: pat_type.pat.clone(),
+                        ty: (*pat_type.ty).clone(),
+                        chunk: emitter_chunk(&pat_type.ty).expect("an emitter"),
                     });
                 }
                 FnArg::Typed(pat_type) => match &*pat_type.pat {
@@ -151,6 +198,7 @@ impl Tool {
             item,
             params,
             transaction,
+            emitter,
             has_receiver,
             receiver_by_value,
             ret,

@@ -94,6 +94,9 @@ fn registration(checked: &Checked) -> TokenStream {
                 let list = list.to_string();
                 info.extend(quote!(.batch(#list)));
             }
+            if checked.tool.emitter.is_some() {
+                info.extend(quote!(.stream()));
+            }
         }
     }
     quote! {
@@ -208,6 +211,22 @@ fn keyed_call(tool: &Tool, keyed: &Keyed) -> TokenStream {
     // Spanned at the return type: an error type that does not fit the policy is reported there.
     let policy = format_ident!("{}", keyed.on_error.names().0, span = return_span(tool));
     let call = match (&keyed.check, &tool.transaction) {
+        _ if tool.emitter.is_some() => {
+            // The body gets the emitter; it and the arguments it captures outlive this call
+            // (the stream is read after it returns).
+            let emitter = tool.emitter.as_ref().expect("a streaming tool");
+            let (pat, ty) = (&emitter.pat, &emitter.ty);
+            quote_spanned! {return_span(tool)=>
+                ::idem::__private::run_stream(
+                    &__IDEM_TOOL,
+                    ::idem::__private::#policy,
+                    __idem_key,
+                    __idem_fingerprint,
+                    move |#pat: #ty| #body,
+                )
+                .await
+            }
+        }
         (_, Some(transaction)) => {
             // The driver is the type the transaction points to; the body gets the transaction
             // as the user declared it (`&mut` or `&`).
@@ -371,6 +390,22 @@ fn kept_bounds(tool: &Tool, keyed: &Keyed) -> Vec<syn::WherePredicate> {
         OnError::Store => Some(quote_spanned!(span=> ::idem::StoredError)),
         OnError::Classify => Some(quote_spanned!(span=> ::idem::ClassifiedError)),
     };
+    // A stream's chunks are kept as its value is.
+    let chunk: Option<syn::WherePredicate> = tool.emitter.as_ref().map(|e| {
+        let chunk = &e.chunk;
+        syn::parse_quote_spanned! {e.ty.span()=> #chunk: ::idem::Replayable }
+    });
+    let mut bounds = kept_value_bounds(tool, span, error_trait);
+    bounds.extend(chunk);
+    bounds
+}
+
+/// [`kept_bounds`] of the value and the error.
+fn kept_value_bounds(
+    tool: &Tool,
+    span: Span,
+    error_trait: Option<TokenStream>,
+) -> Vec<syn::WherePredicate> {
     match &tool.ret {
         Ret::Explicit { ok, err } | Ret::Batch { ok, err } => {
             let mut bounds = vec![syn::parse_quote_spanned! {span=> #ok: ::idem::Replayable }];

@@ -26,6 +26,10 @@ pub fn expand(error: syn::Error, item: ItemFn, transactional: bool) -> TokenStre
         let (pat, ty) = (&t.pat, &t.ty);
         body = quote!(async move |#pat: #ty| #body.await);
     }
+    if let Some(e) = &tool.emitter {
+        let (pat, ty) = (&e.pat, &e.ty);
+        body = quote!(async move |#pat: #ty| #body.await);
+    }
     quote! {
         #errors
         #(#outer)*

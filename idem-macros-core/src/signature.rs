@@ -14,13 +14,19 @@ use crate::ast::{Ret, Tool};
 /// one error, at the type.
 pub fn rewritten_signature(tool: &Tool) -> syn::Signature {
     let mut sig = tool.item.sig.clone();
-    if let Some(transaction) = &tool.transaction {
-        // Filled in by idem, never passed by callers.
+    // The transaction and the emitter are filled in by idem, never passed by callers.
+    let filled: Vec<usize> = tool
+        .transaction
+        .iter()
+        .map(|t| t.index)
+        .chain(tool.emitter.iter().map(|e| e.index))
+        .collect();
+    if !filled.is_empty() {
         sig.inputs = sig
             .inputs
             .into_iter()
             .enumerate()
-            .filter(|(i, _)| *i != transaction.index)
+            .filter(|(i, _)| !filled.contains(i))
             .map(|(_, input)| input)
             .collect();
     }
@@ -28,6 +34,23 @@ pub fn rewritten_signature(tool: &Tool) -> syn::Signature {
         ReturnType::Type(_, ty) => ty.span(),
         ReturnType::Default => Span::call_site(),
     };
+    if let Some(emitter) = &tool.emitter {
+        let chunk = &emitter.chunk;
+        let (ok, err) = match &tool.ret {
+            Ret::Explicit { ok, err } | Ret::Batch { ok, err } => (quote!(#ok), quote!(#err)),
+            Ret::Alias(ty) => (
+                quote!(<#ty as ::idem::ToolResult>::Ok),
+                quote!(<#ty as ::idem::ToolResult>::Err),
+            ),
+        };
+        sig.output = syn::parse_quote_spanned! {span=>
+            -> ::core::result::Result<
+                ::idem::Outcome<::idem::Streamed<#chunk, #ok, #err>>,
+                ::idem::Error<#err>,
+            >
+        };
+        return sig;
+    }
     sig.output = match &tool.ret {
         Ret::Explicit { ok, err } => syn::parse_quote_spanned! {span=>
             -> ::core::result::Result<::idem::Outcome<#ok>, ::idem::Error<#err>>

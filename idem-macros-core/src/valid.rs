@@ -481,6 +481,8 @@ pub fn check(args: Args, tool: Tool) -> syn::Result<Checked> {
         }
     };
 
+    check_stream(&tool, &args, form.as_ref(), &mut errors);
+
     // A list in the key, even one refused above, makes the tool a batch: its return is checked
     // with it (once).
     let batch = args
@@ -580,6 +582,79 @@ fn check_batch(
         );
     }
     tool.param(root).map(|p| p.ident.clone())
+}
+
+/// A streaming tool (an `Emitter` parameter): keyed, its chunks recorded under its key and its
+/// retries following the stream; so no `natural` or check-only form, no transaction, batch,
+/// state check or wait, and no `self` (the stream outlives the call that starts it).
+fn check_stream(tool: &Tool, args: &Args, form: Option<&Form>, errors: &mut Errors) {
+    let Some(emitter) = &tool.emitter else {
+        return;
+    };
+    let span = emitter.ty.span();
+    match form {
+        Some(Form::Natural) => errors.push(
+            span,
+            "a `natural` tool records nothing, and an `Emitter` records its chunks for replay: \
+             make the tool `mutating` with a `key`, or return the chunks as a value",
+        ),
+        Some(Form::StateCheck(_)) => errors.push(
+            span,
+            "a streaming tool records its chunks under its key: add a `key`",
+        ),
+        _ => {}
+    }
+    let refuse = |keyword: &Ident, why: &str, errors: &mut Errors| {
+        errors.push(
+            keyword.span(),
+            format!(
+                "`{keyword}` does not apply to a streaming tool (an `Emitter` parameter): {why}"
+            ),
+        );
+    };
+    if let Some(keyword) = &args.transactional {
+        refuse(
+            keyword,
+            "its chunks are recorded as they come, not in one transaction. Remove \
+             `transactional`",
+            errors,
+        );
+    }
+    if let Some((keyword, _)) = &args.check {
+        refuse(
+            keyword,
+            "a stream cut off by a crash is produced again or blocked as `on_orphan` says. \
+             Remove `check`",
+            errors,
+        );
+    }
+    if let Some((keyword, _)) = &args.wait {
+        refuse(
+            keyword,
+            "a retry during the stream follows it, chunk by chunk, without waiting. Remove \
+             `wait`",
+            errors,
+        );
+    }
+    if let Some((_, list)) = &args.key
+        && let Some(each) = list.paths.iter().find(|p| p.each)
+    {
+        errors.push(
+            list.lit.span(),
+            format!(
+                "a streaming tool has one key and one stream; `{}[]` keys a batch's items. Key \
+                 one call per item",
+                each.root()
+            ),
+        );
+    }
+    if tool.has_receiver {
+        errors.push(
+            span,
+            "a streaming tool cannot take `self`: its stream is read after the call that starts \
+             it returns. Make it a free function, or pass what it needs as owned arguments",
+        );
+    }
 }
 
 /// A transactional tool's claim commits with its writes: it holds no lease, leaves no orphan and

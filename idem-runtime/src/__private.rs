@@ -190,6 +190,27 @@ where
     }
 }
 
+/// Runs a streaming tool (its last parameter an [`Emitter`](crate::Emitter)): `body` gets the
+/// emitter; the answer comes once the claim is decided, and its [`Streamed`](crate::Streamed)
+/// runs the body, or reads the recorded chunks, as it is read.
+pub fn run_stream<H, T, V, E, B, F>(
+    tool: &'static ToolInfo,
+    _policy: H,
+    key: KeyParts,
+    fingerprint: Result<Fingerprint, CanonicalError>,
+    body: B,
+) -> impl Future<Output = Result<Outcome<crate::Streamed<T, V, E>>, Error<E>>>
+where
+    T: Replayable + Send + 'static,
+    V: Replayable + Send + 'static,
+    E: ErrorHandling<H> + Send + 'static,
+    H: 'static,
+    B: FnOnce(crate::Emitter<T>) -> F + Send + 'static,
+    F: Future<Output = Result<V, E>> + Send + 'static,
+{
+    crate::protocol::stream::run_stream::<T, V, E, H, B, F>(tool, key, fingerprint, body)
+}
+
 /// Runs a tool decided by its state check alone (no key): `found` is the check's answer, made
 /// before the body future exists. `Some(result)`: the effect already happened, `Replayed`;
 /// `None`: the body runs, `Fresh`.

@@ -24,6 +24,7 @@ pub mod retry;
 pub mod run;
 mod runtime;
 mod store_handle;
+mod streamed;
 pub mod telemetry;
 mod timer;
 pub mod transactional;
@@ -40,6 +41,7 @@ pub use runtime::{
     IdemBuilder, Scope,
 };
 pub use store_handle::IdemStore;
+pub use streamed::{Emitter, Streamed};
 #[doc(hidden)]
 pub use value::Checked;
 pub use value::{ClassifiedError, Replayable, StoredError, ToolResult};

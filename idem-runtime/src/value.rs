@@ -94,6 +94,16 @@ impl<'de, V: Replayable> Deserialize<'de> for Checked<V> {
     }
 }
 
+/// A borrowed [`Checked`]: serializes a [`Replayable`] value in place (a stream's chunk, which
+/// its reader gets after it is recorded).
+pub(crate) struct CheckedRef<'a, V>(pub(crate) &'a V);
+
+impl<V: Replayable> Serialize for CheckedRef<'_, V> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize_replayable(serializer)
+    }
+}
+
 /// An error a tool with `on_error = "store"` keeps for its retries: `Serialize` and
 /// `Deserialize`. Implemented for every such type; the attribute bounds the tool's error by it,
 /// so that an error type that is not is one error, at the return type.

@@ -57,7 +57,7 @@ pub struct Recorded {
 /// cannot write to and a store that is shutting down. (An answer that could not be read, which
 /// a cut or garbled reply gives, may pass; a record that is not laid out as this build writes it
 /// fences the completion out rather than failing it.)
-fn may_pass(error: &StoreError) -> bool {
+pub(super) fn may_pass(error: &StoreError) -> bool {
     !matches!(
         error.kind(),
         StoreErrorKind::Schema | StoreErrorKind::Closed | StoreErrorKind::Unsupported
@@ -65,7 +65,7 @@ fn may_pass(error: &StoreError) -> bool {
 }
 
 /// The waits between attempts: `FIRST_BACKOFF`, doubling, up to `ceiling`.
-fn backoff(retry: u32, ceiling: Duration) -> Duration {
+pub(super) fn backoff(retry: u32, ceiling: Duration) -> Duration {
     let full = FIRST_BACKOFF
         .saturating_mul(1 << retry.min(16))
         .min(ceiling);
@@ -73,7 +73,7 @@ fn backoff(retry: u32, ceiling: Duration) -> Duration {
 }
 
 /// The longest wait between two attempts within `window`.
-fn ceiling(window: Duration) -> Duration {
+pub(super) fn ceiling(window: Duration) -> Duration {
     (window / 8).clamp(Duration::from_millis(1), LONGEST_BACKOFF)
 }
 

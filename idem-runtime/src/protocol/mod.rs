@@ -25,6 +25,7 @@ pub(crate) mod completion;
 pub(crate) mod lease;
 pub(crate) mod policy;
 pub(crate) mod record;
+pub(crate) mod stream;
 #[cfg(feature = "postgres")]
 pub(crate) mod transactional;
 pub(crate) mod wait;

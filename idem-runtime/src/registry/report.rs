@@ -195,6 +195,9 @@ impl Report {
                         "keyed (mutating), batch: a key per item of `{list}` (at most {} a call)",
                         crate::MAX_BATCH_ITEMS
                     ),
+                    None if t.stream => {
+                        "keyed (mutating), stream: its chunks recorded and replayed".to_owned()
+                    }
                     None => "keyed (mutating)".to_owned(),
                 },
                 (Form::Keyed, Some(check)) => {
@@ -381,6 +384,27 @@ mod tests {
         );
         let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
         assert_eq!(json["tools"][0]["batch"], "mails");
+    }
+
+    #[test]
+    fn a_streaming_tool_says_so_and_never_waits() {
+        static DRAFT: crate::registry::ToolInfo =
+            crate::registry::ToolInfo::new("report.draft", "draft", "m", "f.rs", 12)
+                .stable_name()
+                .key(&["run_id", "step_id"], true)
+                .stream();
+        let report = Report::new(vec![&DRAFT], DEFAULT_TTL, DEFAULT_LEASE)
+            .with_default_wait(std::time::Duration::from_secs(5));
+        let md = report.to_markdown();
+        assert!(
+            md.contains(
+                "| `report.draft` | keyed (mutating), stream: its chunks recorded and replayed | \
+                 `run_id`, `step_id` (required) | 1d (default) | 30s (default) | — |"
+            ),
+            "{md}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["tools"][0]["stream"], true);
     }
 
     #[test]

@@ -126,6 +126,9 @@ pub struct ToolInfo {
     /// A batch tool's list parameter (`items` of `key = "…, items[].id"`): each item has its
     /// own key and outcome; its calls never wait.
     pub batch: Option<&'static str>,
+    /// A streaming tool (its body sends chunks through an `Emitter`): its chunks are recorded
+    /// and replayed, and a retry during the stream follows it instead of waiting.
+    pub stream: bool,
     /// The tool's metric keys, built at its first keyed call.
     #[serde(skip)]
     metrics: OnceLock<ToolMetrics>,
@@ -176,6 +179,7 @@ impl ToolInfo {
             transactional: false,
             wait: None,
             batch: None,
+            stream: false,
             metrics: OnceLock::new(),
         }
     }
@@ -189,6 +193,12 @@ impl ToolInfo {
     /// Marks the tool a batch over its parameter `list`.
     pub const fn batch(mut self, list: &'static str) -> Self {
         self.batch = Some(list);
+        self
+    }
+
+    /// Marks the tool a streaming one.
+    pub const fn stream(mut self) -> Self {
+        self.stream = true;
         self
     }
 
@@ -286,11 +296,11 @@ impl ToolInfo {
     }
 
     /// How long a call waits for a concurrent one of the same key, when the runtime's default
-    /// wait is `default`: none for a batch tool, declared, else [`DEFAULT_WAIT`] for a
-    /// transactional tool, else `default`.
+    /// wait is `default`: none for a batch tool or a streaming one (whose retries follow the
+    /// stream), declared, else [`DEFAULT_WAIT`] for a transactional tool, else `default`.
     pub fn effective_wait(&self, default: Duration) -> Duration {
         match self.wait {
-            _ if self.batch.is_some() => Duration::ZERO,
+            _ if self.batch.is_some() || self.stream => Duration::ZERO,
             Some(wait) => wait,
             None if self.transactional => DEFAULT_WAIT,
             None => default,

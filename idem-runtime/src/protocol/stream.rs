@@ -1,0 +1,662 @@
+//! A streaming tool's call: claim → run (each chunk recorded before it is read) → settle, or
+//! replay the recorded chunks, or follow a stream still being produced.
+//!
+//! | the claim finds | the call answers | its [`Streamed`] |
+//! |---|---|---|
+//! | nothing (or an orphan to take over) | `Fresh` | runs the body; each batch of chunks is appended, fenced by the claim's token, then read; the body's end settles the key as any call's does |
+//! | `completed` | `Replayed` | reads the chunks in pages, then the stored value or error |
+//! | `in_flight` | `Replayed` | reads the chunks so far, then polls for more (from 1 ms, doubling to 25 ms while none come), until the record completes |
+//! | another fingerprint, `unknown` | `Mismatch`, `Unknown` | (none) |
+//!
+//! A follower never mixes two holders' chunks: if the record it follows changes hands (its
+//! holder died and another call took the key over), is released, or ends `unknown`, the stream
+//! breaks off with [`Error::StreamInterrupted`]. A holder whose append is fenced out stops its
+//! body and answers [`Error::LeaseLost`]; an append the store fails for the whole completion
+//! window stops it with [`Error::StreamNotRecorded`]. Appends are tried again through store
+//! errors as completions are (they are applied once however often they are sent).
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use super::call::{Prepared, check_tenant, prepare, replay, settle};
+use super::completion::{backoff, ceiling, may_pass};
+use super::policy::ErrorHandling;
+use super::{Claimed, Claiming, Intent, claim};
+use crate::registry::ToolInfo;
+use crate::runtime::{Idem, Scope};
+use crate::streamed::{Emitter, End, Ready, Streamed, give_way};
+use crate::telemetry::Observation;
+use crate::value::{Checked, CheckedRef, Replayable};
+use idem_core::canonical::CanonicalError;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::IdempotencyKey;
+use idem_core::store::{ChunkAppend, ChunkRead, Fenced, FencingToken, RecordStatus};
+use idem_core::{Error, Mismatch, Outcome, StoreError, Unknown};
+
+use super::call::KeyParts;
+
+/// The most chunks one append records, and one read returns.
+pub const PAGE: usize = 128;
+/// The first wait of a follower that found no new chunk.
+const FIRST_POLL: Duration = Duration::from_millis(1);
+/// The longest wait of a follower between two reads.
+const LONGEST_POLL: Duration = Duration::from_millis(25);
+
+/// Runs a streaming tool (see the module docs): the answer comes once the claim is decided,
+/// and its [`Streamed`] does the rest as it is read.
+pub fn run_stream<T, V, E, H, B, F>(
+    tool: &'static ToolInfo,
+    key: KeyParts,
+    fingerprint: Result<Fingerprint, CanonicalError>,
+    body: B,
+) -> impl Future<Output = Result<Outcome<Streamed<T, V, E>>, Error<E>>>
+where
+    T: Replayable + Send + 'static,
+    V: Replayable + Send + 'static,
+    E: ErrorHandling<H> + Send + 'static,
+    H: 'static,
+    B: FnOnce(Emitter<T>) -> F + Send + 'static,
+    F: Future<Output = Result<V, E>> + Send + 'static,
+{
+    let prepared = prepare::<E>(tool, key, fingerprint);
+    async move {
+        let name = tool.name;
+        let (scope, key, fingerprint) = match prepared? {
+            Prepared::Keyed {
+                scope,
+                key,
+                fingerprint,
+            } => (scope, key, fingerprint),
+            Prepared::Unprotected => {
+                let scope = Scope::current().expect("prepared in a scope");
+                let ready = Ready::default();
+                let driver = unrecorded::<T, V, E, H, B, F>(name, scope, body, ready.clone());
+                return Ok(Outcome::Unprotected(Streamed::new(ready, Box::pin(driver))));
+            }
+        };
+        crate::current::note_call(name, key);
+        let idem = scope.idem().clone();
+        let tenant = scope.shared_tenant();
+        check_tenant::<E>(name, &tenant)?;
+        let observed = Observation::start(tool, &tenant, key);
+        let intent = Intent {
+            tenant: tenant.clone(),
+            key,
+            tool: name,
+            fingerprint,
+            lease: tool.effective_lease(&idem),
+            ttl: tool.effective_ttl(&idem),
+            orphans: tool.orphans(),
+            wait: tool.effective_wait(idem.default_wait()),
+        };
+        let result = match observed.within(claim(&idem, &intent)).await {
+            Err(e) => Err(Error::Store(e)),
+            Ok(Claiming::Acquired(claimed)) => {
+                observed.span().record("token", claimed.token().get());
+                let ready = Ready::default();
+                let driver = produce::<T, V, E, H, B, F>(
+                    name,
+                    key,
+                    scope,
+                    claimed,
+                    body,
+                    ready.clone(),
+                    idem.max_result_bytes(),
+                );
+                Ok(Outcome::Fresh(Streamed::new(ready, Box::pin(driver))))
+            }
+            Ok(Claiming::Completed(_) | Claiming::InFlight(_)) => {
+                let ready = Ready::default();
+                let follow = Follow {
+                    name,
+                    idem,
+                    tenant,
+                    key,
+                    fingerprint,
+                };
+                let driver = follow.read::<T, V, E, H>(ready.clone());
+                Ok(Outcome::Replayed(Streamed::new(ready, Box::pin(driver))))
+            }
+            Ok(Claiming::Mismatch) => Ok(Outcome::Mismatch(Mismatch::new(name, key.short_hash()))),
+            Ok(Claiming::Unknown) => Ok(Outcome::Unknown(Unknown::new(name, key.short_hash()))),
+        };
+        observed.finish(&result);
+        result
+    }
+}
+
+/// The value of a call that ran or replayed (the only outcomes a settlement or a replay gives
+/// with a value).
+fn value_of<V>(outcome: Outcome<V>) -> V {
+    outcome
+        .into_value()
+        .expect("a settled or replayed call has a value")
+}
+
+/// Runs the body of a claimed call: its chunks recorded as they come, then its end settled.
+async fn produce<T, V, E, H, B, F>(
+    name: &'static str,
+    key: IdempotencyKey,
+    scope: Scope,
+    claimed: Claimed,
+    body: B,
+    ready: Ready<T>,
+    limit: usize,
+) -> End<V, E>
+where
+    T: Replayable,
+    V: Replayable,
+    E: ErrorHandling<H>,
+    B: FnOnce(Emitter<T>) -> F,
+    F: Future<Output = Result<V, E>>,
+{
+    let (sender, receiver) = tokio::sync::mpsc::channel(Emitter::<T>::BUFFER);
+    let user = scope.run(crate::current::run_as(
+        name,
+        key,
+        claimed.lease_state().clone(),
+        body(Emitter::new(sender)),
+    ));
+    let recording = claimed
+        .hold(record(Some(&claimed), user, receiver, &ready))
+        .await;
+    match recording {
+        Recording::Ended(result) => {
+            settle::<Checked<V>, E, H>(name, key, claimed, result.map(Checked), limit)
+                .await
+                .map(|outcome| value_of(outcome).0)
+        }
+        Recording::Lost => Err(Error::LeaseLost {
+            tool: name,
+            key: key.short_hash(),
+        }),
+        Recording::NotRecorded { chunk, source } => Err(Error::StreamNotRecorded {
+            tool: name,
+            key: key.short_hash(),
+            chunk,
+            source,
+        }),
+        Recording::NotEncoded(source) => Err(Error::ResultNotStored {
+            tool: name,
+            key: key.short_hash(),
+            source,
+        }),
+    }
+}
+
+/// Runs the body of a call without a key (its optional key omitted): nothing is recorded.
+async fn unrecorded<T, V, E, H, B, F>(
+    name: &'static str,
+    scope: Scope,
+    body: B,
+    ready: Ready<T>,
+) -> End<V, E>
+where
+    T: Replayable,
+    E: ErrorHandling<H>,
+    B: FnOnce(Emitter<T>) -> F,
+    F: Future<Output = Result<V, E>>,
+{
+    let _ = name;
+    let (sender, receiver) = tokio::sync::mpsc::channel(Emitter::<T>::BUFFER);
+    let user = scope.run(body(Emitter::new(sender)));
+    match record(None, user, receiver, &ready).await {
+        Recording::Ended(result) => result.map_err(|error| Error::Tool {
+            class: ErrorHandling::<H>::class(&error),
+            error,
+            replayed: false,
+        }),
+        Recording::Lost | Recording::NotRecorded { .. } | Recording::NotEncoded(_) => {
+            unreachable!("nothing is recorded")
+        }
+    }
+}
+
+/// How the recording of a body's chunks ended.
+enum Recording<O> {
+    /// The body returned, every chunk it emitted recorded.
+    Ended(O),
+    /// An append was fenced out: another claim owns the key.
+    Lost,
+    /// The store failed to record chunk `chunk` for the whole completion window.
+    NotRecorded { chunk: u64, source: StoreError },
+    /// A chunk could not be encoded.
+    NotEncoded(serde_json::Error),
+}
+
+/// Runs `user` and records what it emits on `receiver` under `claimed` (nothing without a
+/// claim), making each batch ready once it is recorded. The body goes on while a batch is
+/// being recorded, and is dropped when recording cannot go on.
+async fn record<T, F>(
+    claimed: Option<&Claimed>,
+    user: F,
+    mut receiver: tokio::sync::mpsc::Receiver<T>,
+    ready: &Ready<T>,
+) -> Recording<F::Output>
+where
+    T: Replayable,
+    F: Future,
+{
+    let mut user = pin!(user);
+    let mut output = None;
+    let mut recorded: u64 = 0;
+    loop {
+        // What the body emitted, or its end.
+        let mut batch = Vec::new();
+        std::future::poll_fn(|cx| {
+            if output.is_none()
+                && let Poll::Ready(out) = user.as_mut().poll(cx)
+            {
+                output = Some(out);
+            }
+            // `try_recv` takes what is there, whatever tokio's budget for the task (which
+            // makes `poll_recv` answer `Pending` with chunks waiting): once the body ended,
+            // an empty channel is the end of its chunks.
+            while batch.len() < PAGE {
+                match receiver.try_recv() {
+                    Ok(chunk) => batch.push(chunk),
+                    Err(_) => break,
+                }
+            }
+            if !batch.is_empty() || output.is_some() {
+                return Poll::Ready(());
+            }
+            // Nothing yet: wait for a chunk, or the body's end (its waker is set above).
+            match receiver.poll_recv(cx) {
+                Poll::Ready(Some(chunk)) => {
+                    batch.push(chunk);
+                    Poll::Ready(())
+                }
+                Poll::Ready(None) | Poll::Pending => Poll::Pending,
+            }
+        })
+        .await;
+        if batch.is_empty() {
+            return Recording::Ended(output.expect("the body ended"));
+        }
+        if let Some(claimed) = claimed {
+            let encoded: Result<Vec<Vec<u8>>, _> = batch
+                .iter()
+                .map(|chunk| serde_json::to_vec(&CheckedRef(chunk)))
+                .collect();
+            let encoded = match encoded {
+                Ok(encoded) => encoded,
+                Err(e) => return Recording::NotEncoded(e),
+            };
+            let mut append = pin!(append_retrying(claimed, recorded, &encoded));
+            let answer = std::future::poll_fn(|cx| {
+                if output.is_none()
+                    && let Poll::Ready(out) = user.as_mut().poll(cx)
+                {
+                    output = Some(out);
+                }
+                append.as_mut().poll(cx)
+            })
+            .await;
+            match answer {
+                Ok(Fenced::Applied) => {}
+                Ok(Fenced::Lost) => return Recording::Lost,
+                Err(source) => {
+                    return Recording::NotRecorded {
+                        chunk: recorded,
+                        source,
+                    };
+                }
+            }
+        }
+        recorded += batch.len() as u64;
+        ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(batch);
+        give_way().await;
+    }
+}
+
+/// Appends `chunks` at `first` under `claimed`, tried again through store errors that may pass
+/// for the completion window (see `completion.rs`): an append sent again is applied once.
+async fn append_retrying(
+    claimed: &Claimed,
+    first: u64,
+    chunks: &[Vec<u8>],
+) -> Result<Fenced, StoreError> {
+    let append = || {
+        claimed.idem.store().append_chunks(ChunkAppend {
+            tenant: &claimed.tenant,
+            key: claimed.key,
+            token: claimed.token,
+            first,
+            chunks,
+        })
+    };
+    let mut error = match append().await {
+        Err(e) if may_pass(&e) => e,
+        answer => return answer,
+    };
+    let window = claimed.idem.completion_retry(claimed.lease);
+    let deadline = Instant::now() + window;
+    let ceiling = ceiling(window);
+    let mut retry = 0;
+    loop {
+        let wait = backoff(retry, ceiling);
+        if Instant::now() + wait >= deadline {
+            return Err(error);
+        }
+        crate::timer::sleep(wait).await;
+        retry += 1;
+        error = match append().await {
+            Err(e) if may_pass(&e) => e,
+            answer => return answer,
+        };
+    }
+}
+
+/// A call that reads the chunks another call recorded.
+struct Follow {
+    name: &'static str,
+    idem: Idem,
+    tenant: Arc<str>,
+    key: IdempotencyKey,
+    fingerprint: Fingerprint,
+}
+
+impl Follow {
+    fn interrupted<E>(&self, received: u64) -> Error<E> {
+        Error::StreamInterrupted {
+            tool: self.name,
+            key: self.key.short_hash(),
+            received,
+        }
+    }
+
+    /// Reads the chunks from the first, in pages, making each page ready; waits for more while
+    /// the record is in flight; answers the stored end once the record is completed and every
+    /// chunk was read.
+    async fn read<T, V, E, H>(self, ready: Ready<T>) -> End<V, E>
+    where
+        T: Replayable,
+        V: Replayable,
+        E: ErrorHandling<H>,
+    {
+        let mut next: u64 = 0;
+        let mut holder: Option<FencingToken> = None;
+        let mut idle = FIRST_POLL;
+        loop {
+            let page = self
+                .idem
+                .store()
+                .read_chunks(ChunkRead {
+                    tenant: &self.tenant,
+                    key: self.key,
+                    from: next,
+                    limit: PAGE,
+                })
+                .await
+                .map_err(Error::Store)?;
+            let Some(page) = page else {
+                return Err(self.interrupted(next));
+            };
+            let record = page.record;
+            if record.fingerprint != self.fingerprint
+                || *holder.get_or_insert(record.token) != record.token
+            {
+                return Err(self.interrupted(next));
+            }
+            let got = page.chunks.len();
+            let decoded: Result<Vec<T>, _> = page
+                .chunks
+                .iter()
+                .map(|bytes| serde_json::from_slice::<Checked<T>>(bytes).map(|c| c.0))
+                .collect();
+            let decoded = decoded.map_err(|source| Error::StoredResultUnreadable {
+                tool: self.name,
+                key: self.key.short_hash(),
+                source,
+            })?;
+            next += got as u64;
+            ready
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(decoded);
+            let last_page = got < PAGE;
+            match record.status {
+                RecordStatus::Completed if last_page => {
+                    let result = record.result.unwrap_or_default();
+                    return replay::<Checked<V>, E, H>(self.name, self.key, &result)
+                        .map(|outcome| value_of(outcome).0);
+                }
+                RecordStatus::Unknown if last_page => return Err(self.interrupted(next)),
+                RecordStatus::InFlight if got == 0 => {
+                    // Nothing new: the holder is still at work, or died (its lease lapses, and
+                    // then nothing more will come: a retry of the call takes the key over).
+                    let now = self.idem.clock().now();
+                    if record.lease_expires_at < now {
+                        return Err(self.interrupted(next));
+                    }
+                    crate::timer::sleep(idle).await;
+                    idle = (idle * 2).min(LONGEST_POLL);
+                    continue;
+                }
+                _ => idle = FIRST_POLL,
+            }
+            if got > 0 {
+                give_way().await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::run_stream;
+    use crate::protocol::call::KeyParts;
+    use crate::protocol::policy::{ReleaseErrors, StoreErrors};
+    use crate::registry::ToolInfo;
+    use crate::runtime::Idem;
+    use crate::streamed::{Emitter, Streamed};
+    use idem_core::fingerprint::Fingerprint;
+    use idem_core::key::KeyPart;
+    use idem_core::store::memory::MemoryStore;
+    use idem_core::{Error, Outcome};
+
+    static TOOL: ToolInfo = ToolInfo::new("stream.test", "draft", "m", "f.rs", 1)
+        .stable_name()
+        .key(&["run"], true);
+
+    fn key(run: &str) -> KeyParts {
+        KeyParts::new().part("run", KeyPart::new(run).map(Some))
+    }
+
+    type Call = Result<Outcome<Streamed<String, usize, String>>, Error<String>>;
+
+    /// A call of a tool that emits `count` chunks (`chunk-0`, …) and answers how many, after
+    /// `gate` (if any) lets it past chunk `stop`; `ran` counts its runs.
+    async fn draft<H: 'static>(
+        run: &str,
+        count: usize,
+        ran: &Arc<AtomicUsize>,
+        gate: Option<(usize, Arc<tokio::sync::Notify>)>,
+        fail: bool,
+    ) -> Call
+    where
+        String: crate::protocol::policy::ErrorHandling<H>,
+    {
+        let ran = ran.clone();
+        let body = move |out: Emitter<String>| async move {
+            ran.fetch_add(1, Ordering::SeqCst);
+            for i in 0..count {
+                if let Some((stop, gate)) = &gate
+                    && i == *stop
+                {
+                    gate.notified().await;
+                }
+                out.emit(format!("chunk-{i}")).await;
+            }
+            if fail {
+                return Err("the model refused".to_owned());
+            }
+            Ok(count)
+        };
+        let fingerprint = Ok(Fingerprint::from_bytes([1; 32]));
+        run_stream::<String, usize, String, H, _, _>(&TOOL, key(run), fingerprint, body).await
+    }
+
+    fn chunks(range: std::ops::Range<usize>) -> Vec<String> {
+        range.map(|i| format!("chunk-{i}")).collect()
+    }
+
+    /// Whether `got` is `chunk-0`, `chunk-1`, … `chunk-{n - 1}`; else where it goes wrong.
+    #[track_caller]
+    fn assert_in_order(got: &[String], n: usize) {
+        let wrong = got
+            .iter()
+            .enumerate()
+            .find(|(i, chunk)| **chunk != format!("chunk-{i}"));
+        assert!(
+            wrong.is_none() && got.len() == n,
+            "{} chunks, want {n}; first out of place: {wrong:?}",
+            got.len()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_runs_once_and_replays_the_same_chunks_then_its_end() {
+        let idem = Idem::with_store(MemoryStore::new());
+        let ran = Arc::new(AtomicUsize::new(0));
+        idem.scope("t")
+            .run(async {
+                let Ok(Outcome::Fresh(first)) =
+                    draft::<ReleaseErrors>("r", 1000, &ran, None, false).await
+                else {
+                    panic!("the first call runs");
+                };
+                let (got, end) = first.collect().await.unwrap();
+                assert_in_order(&got, 1000);
+                assert_eq!(end, 1000);
+                let Ok(Outcome::Replayed(again)) =
+                    draft::<ReleaseErrors>("r", 1000, &ran, None, false).await
+                else {
+                    panic!("a retry replays");
+                };
+                let (got, end) = again.collect().await.unwrap();
+                assert_in_order(&got, 1000);
+                assert_eq!(end, 1000);
+            })
+            .await;
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "the body ran once");
+    }
+
+    #[tokio::test]
+    async fn a_retry_during_the_stream_follows_it_to_its_end() {
+        let idem = Idem::with_store(MemoryStore::new());
+        let ran = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let tenant = idem.scope("t");
+        let Ok(Outcome::Fresh(mut first)) = tenant
+            .run(draft::<ReleaseErrors>(
+                "r",
+                1000,
+                &ran,
+                Some((500, gate.clone())),
+                false,
+            ))
+            .await
+        else {
+            panic!("the first call runs");
+        };
+        let mut got = Vec::new();
+        while got.len() < 500 {
+            got.push(
+                first
+                    .next_chunk()
+                    .await
+                    .expect("500 chunks before the gate"),
+            );
+        }
+        let Ok(Outcome::Replayed(mut follower)) = tenant
+            .run(draft::<ReleaseErrors>("r", 1000, &ran, None, false))
+            .await
+        else {
+            panic!("a retry during the stream follows it");
+        };
+        let producer = tokio::spawn(async move {
+            let mut rest = Vec::new();
+            while let Some(chunk) = first.next_chunk().await {
+                rest.push(chunk);
+            }
+            (rest, first.finish().await)
+        });
+        let mut followed = Vec::new();
+        while followed.len() < 500 {
+            followed.push(follower.next_chunk().await.expect("the prefix"));
+        }
+        gate.notify_one();
+        let (followed_rest, end) = follower.collect().await.unwrap();
+        followed.extend(followed_rest);
+        assert_eq!(end, 1000);
+        assert_in_order(&followed, 1000);
+        let (rest, first_end) = producer.await.unwrap();
+        got.extend(rest);
+        assert_in_order(&got, 1000);
+        assert_eq!(first_end.unwrap(), 1000);
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_released_error_frees_the_key_and_a_stored_one_replays_after_the_chunks() {
+        let idem = Idem::with_store(MemoryStore::new());
+        let ran = Arc::new(AtomicUsize::new(0));
+        idem.scope("t")
+            .run(async {
+                let Ok(Outcome::Fresh(first)) =
+                    draft::<ReleaseErrors>("released", 3, &ran, None, true).await
+                else {
+                    panic!("runs");
+                };
+                let err = first.collect().await.unwrap_err();
+                assert_eq!(
+                    err.tool_error().map(String::as_str),
+                    Some("the model refused")
+                );
+                let Ok(Outcome::Fresh(again)) =
+                    draft::<ReleaseErrors>("released", 3, &ran, None, false).await
+                else {
+                    panic!("a released key runs again");
+                };
+                assert_eq!(again.collect().await.unwrap(), (chunks(0..3), 3));
+
+                let Ok(Outcome::Fresh(stored)) =
+                    draft::<StoreErrors>("stored", 3, &ran, None, true).await
+                else {
+                    panic!("runs");
+                };
+                assert!(stored.collect().await.is_err());
+                let Ok(Outcome::Replayed(mut replay)) =
+                    draft::<StoreErrors>("stored", 3, &ran, None, true).await
+                else {
+                    panic!("a stored error replays");
+                };
+                let mut got = Vec::new();
+                while let Some(chunk) = replay.next_chunk().await {
+                    got.push(chunk);
+                }
+                assert_eq!(got, chunks(0..3), "the chunks, then the error");
+                match replay.finish().await {
+                    Err(Error::Tool {
+                        error,
+                        replayed: true,
+                        ..
+                    }) => assert_eq!(error, "the model refused"),
+                    other => panic!("the stored error: {other:?}"),
+                }
+            })
+            .await;
+        assert_eq!(ran.load(Ordering::SeqCst), 3);
+    }
+}
