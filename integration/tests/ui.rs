@@ -23,6 +23,8 @@ fn every_case_is_one_error_that_names_no_private_machinery() {
             "transactional_options.stderr",
             // The options a batch tool refuses, likewise.
             "batch_options.stderr",
+            // The options a streaming tool refuses, likewise.
+            "stream_options.stderr",
         ],
     );
 }
