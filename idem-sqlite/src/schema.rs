@@ -36,6 +36,8 @@ CREATE TABLE IF NOT EXISTS idem_records (
     PRIMARY KEY (tenant, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at);
+-- A rowid table: its rows (a chunk each, often kilobytes) stay out of the index's pages, where
+-- a WITHOUT ROWID table would put them (twice as slow to append and to read, 1 KiB chunks).
 CREATE TABLE IF NOT EXISTS idem_chunks (
     tenant TEXT    NOT NULL,
     key    BLOB    NOT NULL,
@@ -43,7 +45,7 @@ CREATE TABLE IF NOT EXISTS idem_chunks (
     seq    INTEGER NOT NULL,
     data   BLOB    NOT NULL,
     PRIMARY KEY (tenant, key, token, seq)
-) WITHOUT ROWID;
+);
 CREATE TRIGGER IF NOT EXISTS idem_records_drop_chunks AFTER DELETE ON idem_records
 BEGIN
     DELETE FROM idem_chunks WHERE tenant = old.tenant AND key = old.key;

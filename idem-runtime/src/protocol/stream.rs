@@ -38,8 +38,12 @@ use idem_core::{Error, Mismatch, Outcome, StoreError, Unknown};
 
 use super::call::KeyParts;
 
-/// The most chunks one append records, and one read returns.
+/// The most chunks one read returns.
 pub const PAGE: usize = 128;
+/// The most chunks one append records, and the most bytes (at least one chunk goes): the body
+/// goes on while an append is in flight, and what it emitted meanwhile goes in the next one.
+const APPEND_CHUNKS: usize = 1024;
+const APPEND_BYTES: usize = 1 << 20;
 /// The first wait of a follower that found no new chunk.
 const FIRST_POLL: Duration = Duration::from_millis(1);
 /// The longest wait of a follower between two reads.
@@ -243,9 +247,26 @@ where
     let mut user = pin!(user);
     let mut output = None;
     let mut recorded: u64 = 0;
+    let encode = claimed.is_some();
     loop {
-        // What the body emitted, or its end.
+        // What the body emitted (encoded, when recorded), or its end.
         let mut batch = Vec::new();
+        let mut encoded: Vec<Vec<u8>> = Vec::new();
+        let mut bytes = 0;
+        let mut not_encoded = None;
+        let mut take = |chunk: T, batch: &mut Vec<T>| {
+            if encode {
+                match serde_json::to_vec(&CheckedRef(&chunk)) {
+                    Ok(e) => {
+                        bytes += e.len();
+                        encoded.push(e);
+                    }
+                    Err(e) => not_encoded = Some(e),
+                }
+            }
+            batch.push(chunk);
+            batch.len() < APPEND_CHUNKS && bytes < APPEND_BYTES
+        };
         std::future::poll_fn(|cx| {
             if output.is_none()
                 && let Poll::Ready(out) = user.as_mut().poll(cx)
@@ -255,9 +276,10 @@ where
             // `try_recv` takes what is there, whatever tokio's budget for the task (which
             // makes `poll_recv` answer `Pending` with chunks waiting): once the body ended,
             // an empty channel is the end of its chunks.
-            while batch.len() < PAGE {
+            let mut room = true;
+            while room {
                 match receiver.try_recv() {
-                    Ok(chunk) => batch.push(chunk),
+                    Ok(chunk) => room = take(chunk, &mut batch),
                     Err(_) => break,
                 }
             }
@@ -267,25 +289,20 @@ where
             // Nothing yet: wait for a chunk, or the body's end (its waker is set above).
             match receiver.poll_recv(cx) {
                 Poll::Ready(Some(chunk)) => {
-                    batch.push(chunk);
+                    take(chunk, &mut batch);
                     Poll::Ready(())
                 }
                 Poll::Ready(None) | Poll::Pending => Poll::Pending,
             }
         })
         .await;
+        if let Some(e) = not_encoded {
+            return Recording::NotEncoded(e);
+        }
         if batch.is_empty() {
             return Recording::Ended(output.expect("the body ended"));
         }
         if let Some(claimed) = claimed {
-            let encoded: Result<Vec<Vec<u8>>, _> = batch
-                .iter()
-                .map(|chunk| serde_json::to_vec(&CheckedRef(chunk)))
-                .collect();
-            let encoded = match encoded {
-                Ok(encoded) => encoded,
-                Err(e) => return Recording::NotEncoded(e),
-            };
             let mut append = pin!(append_retrying(claimed, recorded, &encoded));
             let answer = std::future::poll_fn(|cx| {
                 if output.is_none()

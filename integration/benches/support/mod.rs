@@ -447,8 +447,9 @@ mod counted {
 
     use idem::IdempotencyKey;
     use idem::store::{
-        BatchClaim, BatchRenewal, BatchSettlement, Claim, ClaimRequest, Completion, Fenced,
-        FencingToken, Record, Renewal, Store, StoreFuture, StoreHealth, UnixMillis, Watch,
+        BatchClaim, BatchRenewal, BatchSettlement, ChunkAppend, ChunkRead, Claim, ClaimRequest,
+        Completion, Fenced, FencingToken, Record, Renewal, Store, StoreFuture, StoreHealth,
+        StreamPage, UnixMillis, Watch,
     };
 
     use super::Counted;
@@ -481,6 +482,14 @@ mod counted {
         fn renew<'a>(&'a self, r: Renewal<'a>) -> StoreFuture<'a, Fenced> {
             self.call();
             self.inner.renew(r)
+        }
+        fn append_chunks<'a>(&'a self, a: ChunkAppend<'a>) -> StoreFuture<'a, Fenced> {
+            self.call();
+            self.inner.append_chunks(a)
+        }
+        fn read_chunks<'a>(&'a self, r: ChunkRead<'a>) -> StoreFuture<'a, Option<StreamPage>> {
+            self.call();
+            self.inner.read_chunks(r)
         }
         fn release<'a>(
             &'a self,
