@@ -63,6 +63,7 @@
 //! | durable engines: keys from the run, resume windows | [Durable runs](https://github.com/idem-rs/idem/blob/main/guide/src/durable-runs.md) |
 //! | a duplicate that waits for the first call's result | [Duplicates that wait](https://github.com/idem-rs/idem/blob/main/guide/src/waiting.md) |
 //! | a key and an outcome per item, one round trip | [Batches](https://github.com/idem-rs/idem/blob/main/guide/src/batches.md) |
+//! | streaming tools: chunks recorded, replayed, followed | [Streams](https://github.com/idem-rs/idem/blob/main/guide/src/streams.md) |
 //! | the `Idempotency-Key` layer and client | [HTTP](https://github.com/idem-rs/idem/blob/main/guide/src/http.md) |
 //! | the `idem` command, telemetry | [Operating](https://github.com/idem-rs/idem/blob/main/guide/src/operating.md) |
 //! | a failing store, fuzzing, a soak | [Testing your tools](https://github.com/idem-rs/idem/blob/main/guide/src/testing.md) |
@@ -404,6 +405,42 @@ pub mod __private {
 /// #[idempotent(key = "run_id, ids[]", mutating)] // error: return `Vec<Result<T, E>>`
 /// async fn send_all(run_id: String, ids: Vec<String>) -> Result<Vec<u64>, String> {
 ///     Ok(Vec::new())
+/// }
+/// ```
+///
+/// # Streams: `out: Emitter<T>`
+///
+/// A parameter of type [`Emitter<T>`](Emitter) makes a streaming tool: the body sends chunks
+/// through it (`out.emit(chunk).await`), and each is recorded under the call's key, fenced by
+/// its claim, before a reader gets it. Callers do not pass the emitter; it is neither a key
+/// part nor fingerprinted. The tool's `Result<V, E>` is rewritten to
+/// `Result<Outcome<Streamed<T, V, E>>, idem::Error<E>>`: a [`Streamed`] gives the chunks, then
+/// the end (`finish()`). A retry after the call completed replays the chunks and the end; a retry
+/// while it streams follows it (the chunks so far, then the rest), and breaks off rather than
+/// mix two holders' chunks. The arguments are owned (the stream is read after the call that
+/// starts it returns).
+///
+/// ```
+/// # use idem::{Emitter, idempotent};
+/// #[idempotent(key = "run_id, step_id", mutating)]
+/// async fn summarize(run_id: String, step_id: u32, text: String, out: Emitter<String>)
+///     -> Result<usize, String>
+/// {
+///     for sentence in text.split(". ") {
+///         out.emit(sentence.to_owned()).await;
+///     }
+///     Ok(text.len())
+/// }
+/// ```
+///
+/// A streaming tool is keyed (not `natural`), has no `check`, does not `wait` (its retries
+/// follow the stream) and is not `transactional` or a batch:
+///
+/// ```compile_fail
+/// # use idem::{Emitter, idempotent};
+/// #[idempotent(key = "run_id", mutating, wait = "5s")] // error: a retry follows the stream
+/// async fn summarize(run_id: String, out: Emitter<String>) -> Result<usize, String> {
+///     Ok(0)
 /// }
 /// ```
 ///

@@ -3,7 +3,7 @@
 //! `guide/src/benchmarks/chart.svg` (calls/s against concurrent callers, per backend).
 //!
 //! ```text
-//! cargo run -p bench-report -- --run     # runs `cargo bench` for sqlite, shared, http, wait, batch, then writes
+//! cargo run -p bench-report -- --run     # runs `cargo bench` for sqlite, shared, http, wait, batch, stream, then writes
 //! cargo run -p bench-report              # writes from the results of an earlier `cargo bench`
 //! ```
 //!
@@ -37,6 +37,11 @@ impl Results {
     /// The figures of the `batch` bench (`batch.json`), one object per store.
     fn batches(&self) -> Option<Vec<serde_json::Value>> {
         serde_json::from_slice(&std::fs::read(self.dir.join("batch.json")).ok()?).ok()
+    }
+
+    /// The figures of the `stream` bench (`stream.json`), one object per store.
+    fn streams(&self) -> Option<Vec<serde_json::Value>> {
+        serde_json::from_slice(&std::fs::read(self.dir.join("stream.json")).ok()?).ok()
     }
 
     /// The figures of the `wait` bench (`wait.json`), one object per store.
@@ -472,6 +477,42 @@ fn markdown(results: &Results) -> String {
             ));
         }
     }
+    if let Some(streams) = results.streams() {
+        out.push_str("\n## Streams\n\n");
+        out.push_str(
+            "A streaming tool's fresh call of 1,000 chunks of 1 KiB, read whole, against the same \
+             body sending the same chunks through a bare channel (an unrecorded stream), new keys \
+             each round, the modes alternating round by round: as fast as the body can, then \
+             paced at one chunk a millisecond (a model streaming tokens); the ratio is the \
+             median of the rounds' ratios of chunks per second. Then the recorded stream replayed, \
+             and the peak resident set while replaying a stream of 100 MiB (1,600 chunks of \
+             64 KiB) after the peak was reset (`benches/stream.rs`).\n\n",
+        );
+        out.push_str(
+            "| store | recorded | unrecorded | ratio | round trips | paced: ratio | replayed | replaying 100 MiB: peak RSS |\n|---|---|---|---|---|---|---|---|\n",
+        );
+        for st in streams {
+            let mode = |name: &str, key: &str| st["modes"][name][key].as_f64();
+            let rate = |name: &str| {
+                mode(name, "chunks_per_s").map_or("—".into(), |v| format!("{v:.0} chunks/s"))
+            };
+            let ratio = |key: &str| st[key].as_f64().map_or("—".into(), |v| format!("{v:.3}×"));
+            let peak = st["replay_100mib"]["peak_rss_kib"]
+                .as_f64()
+                .map_or("—".into(), |kib| format!("{:.0} MiB", kib / 1024.0));
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                st["store"].as_str().unwrap_or("?"),
+                rate("recorded"),
+                rate("unrecorded"),
+                ratio("ratio"),
+                mode("recorded", "round_trips").map_or("—".into(), |v| format!("{v:.0}")),
+                ratio("ratio_paced"),
+                rate("replayed"),
+                peak,
+            ));
+        }
+    }
     if !missing.is_empty() {
         out.push_str(&format!(
             "\nNo results for {} in this run (set `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL`).\n",
@@ -566,6 +607,8 @@ fn main() -> ExitCode {
                 "wait",
                 "--bench",
                 "batch",
+                "--bench",
+                "stream",
             ])
             .status();
         if !status.is_ok_and(|s| s.success()) {

@@ -27,6 +27,7 @@ doctests! {
     GuideDurableRuns => "../../guide/src/durable-runs.md",
     GuideWaiting => "../../guide/src/waiting.md",
     GuideBatches => "../../guide/src/batches.md",
+    GuideStreams => "../../guide/src/streams.md",
     GuideHttp => "../../guide/src/http.md",
     GuideOperating => "../../guide/src/operating.md",
     GuideTesting => "../../guide/src/testing.md",

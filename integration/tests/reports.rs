@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Each example, and the package folder its source is in, relative to the workspace root.
-const EXAMPLES: [(&str, &str); 7] = [
+const EXAMPLES: [(&str, &str); 8] = [
     ("register_payment", "."),
     ("set_status", "."),
     ("assign_shift", "."),
     ("duplicate_waits", "."),
     ("charge_invoices", "."),
+    ("stream_report", "."),
     ("payments_agent", "integration"),
     // An MCP server over stdio: with no client (stdin closed) it ends after opening its store.
     ("mcp_server", "integration"),

@@ -214,7 +214,13 @@ async fn postgres_version_1_schema_is_upgraded_with_its_records() {
     ))
     .await
     .get(0);
-    assert_eq!(version, 2);
+    assert_eq!(version, 3, "upgraded to this build's version");
+    let chunks: bool = one(format!(
+        r#"SELECT to_regclass('"{schema}".idem_chunks') IS NOT NULL"#
+    ))
+    .await
+    .get(0);
+    assert!(chunks, "the chunks of streams have their table");
     let kept: Vec<u8> = one(format!(
         r#"SELECT result FROM "{schema}".idem_records WHERE tenant = 'old'"#
     ))
