@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use super::call::{Prepared, check_tenant, prepare, replay, settle};
+use super::call::{Prepared, prepare, replay, settle};
 use super::completion::{backoff, ceiling, may_pass};
 use super::policy::ErrorHandling;
 use super::{Claimed, Claiming, Intent, claim};
@@ -77,14 +77,13 @@ where
             Prepared::Unprotected => {
                 let scope = Scope::current().expect("prepared in a scope");
                 let ready = Ready::default();
-                let driver = unrecorded::<T, V, E, H, B, F>(name, scope, body, ready.clone());
+                let driver = unrecorded::<T, V, E, H, B, F>(scope, body, ready.clone());
                 return Ok(Outcome::Unprotected(Streamed::new(ready, Box::pin(driver))));
             }
         };
         crate::current::note_call(name, key);
         let idem = scope.idem().clone();
         let tenant = scope.shared_tenant();
-        check_tenant::<E>(name, &tenant)?;
         let observed = Observation::start(tool, &tenant, key);
         let intent = Intent {
             tenant: tenant.clone(),
@@ -192,19 +191,13 @@ where
 }
 
 /// Runs the body of a call without a key (its optional key omitted): nothing is recorded.
-async fn unrecorded<T, V, E, H, B, F>(
-    name: &'static str,
-    scope: Scope,
-    body: B,
-    ready: Ready<T>,
-) -> End<V, E>
+async fn unrecorded<T, V, E, H, B, F>(scope: Scope, body: B, ready: Ready<T>) -> End<V, E>
 where
     T: Replayable,
     E: ErrorHandling<H>,
     B: FnOnce(Emitter<T>) -> F,
     F: Future<Output = Result<V, E>>,
 {
-    let _ = name;
     let (sender, receiver) = tokio::sync::mpsc::channel(Emitter::<T>::BUFFER);
     let user = scope.run(body(Emitter::new(sender)));
     match record(None, user, receiver, &ready).await {
@@ -675,5 +668,92 @@ mod tests {
             })
             .await;
         assert_eq!(ran.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_holder_that_lost_its_claim_records_nothing_more_and_is_stopped() {
+        let idem = Idem::builder()
+            .lease(std::time::Duration::from_millis(30))
+            .renew_leases(false)
+            .build(MemoryStore::new());
+        let ran = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let tenant = idem.scope("t");
+        let Ok(Outcome::Fresh(mut zombie)) = tenant
+            .run(draft::<ReleaseErrors>(
+                "r",
+                10,
+                &ran,
+                Some((3, gate.clone())),
+                false,
+            ))
+            .await
+        else {
+            panic!("the first call runs");
+        };
+        for _ in 0..3 {
+            zombie.next_chunk().await.expect("recorded before the gate");
+        }
+        // Its lease lapses (nothing renews it): another call takes the key over and streams.
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+        let Ok(Outcome::Fresh(holder)) = tenant
+            .run(draft::<ReleaseErrors>("r", 10, &ran, None, false))
+            .await
+        else {
+            panic!("a lapsed claim is taken over");
+        };
+        let (got, end) = holder.collect().await.unwrap();
+        assert_in_order(&got, 10);
+        assert_eq!(end, 10);
+        gate.notify_one();
+        let mut more = 0;
+        while zombie.next_chunk().await.is_some() {
+            more += 1;
+        }
+        assert_eq!(more, 0, "the zombie's next append was fenced out");
+        assert!(
+            matches!(zombie.finish().await, Err(Error::LeaseLost { .. })),
+            "and its body was stopped"
+        );
+        let Ok(Outcome::Replayed(replay)) = tenant
+            .run(draft::<ReleaseErrors>("r", 10, &ran, None, false))
+            .await
+        else {
+            panic!("replays");
+        };
+        let (replayed, _) = replay.collect().await.unwrap();
+        assert_eq!(replayed, got, "the new holder's stream, alone");
+    }
+
+    #[tokio::test]
+    async fn a_call_without_its_optional_key_streams_unrecorded() {
+        static OPTIONAL: ToolInfo = ToolInfo::new("stream.optional", "draft", "m", "f.rs", 2)
+            .stable_name()
+            .key(&["run"], false);
+        let idem = Idem::with_store(MemoryStore::new());
+        let body = |out: Emitter<String>| async move {
+            for n in 0..300 {
+                out.emit(format!("chunk-{n}")).await;
+            }
+            Ok::<usize, String>(300)
+        };
+        let key = KeyParts::new().part("run", Ok(None));
+        let fingerprint = Ok(Fingerprint::from_bytes([1; 32]));
+        // As the attribute's code does: the call is made inside the scope.
+        let call = idem.scope("t").run(async {
+            let call = run_stream::<String, usize, String, ReleaseErrors, _, _>(
+                &OPTIONAL,
+                key,
+                fingerprint,
+                body,
+            );
+            call.await
+        });
+        let Ok(Outcome::Unprotected(stream)) = call.await else {
+            panic!("no key: the call runs unprotected");
+        };
+        let (got, end) = stream.collect().await.unwrap();
+        assert_in_order(&got, 300);
+        assert_eq!(end, 300);
     }
 }
