@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -313,28 +312,22 @@ fn batch_worker() {
 }
 
 fn kill_9_mid_batch(postgres: Option<String>) {
-    let cycles: u32 = std::env::var("IDEM_BATCH_CRASH_CYCLES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100);
+    let cycles = kills::cycles("IDEM_BATCH_CRASH_CYCLES", 100);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("idem.db");
     let (requests, charges) = (dir.path().join("requests"), dir.path().join("charges"));
     let child = |phases: &Path| {
-        let mut command = Command::new(std::env::current_exe().unwrap());
-        command
-            .args(["batch_worker", "--exact", "--ignored", "--test-threads=1"])
-            .env("IDEM_BATCH_DB", &db)
-            .env("IDEM_BATCH_REQUESTS", &requests)
-            .env("IDEM_BATCH_CHARGES", &charges)
-            .env("IDEM_BATCH_PHASES", phases)
-            .env_remove("IDEM_BATCH_POSTGRES")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(url) = &postgres {
-            command.env("IDEM_BATCH_POSTGRES", url);
-        }
-        command.spawn().expect("spawn")
+        let files = [
+            ("IDEM_BATCH_DB", db.as_path()),
+            ("IDEM_BATCH_REQUESTS", &requests),
+            ("IDEM_BATCH_CHARGES", &charges),
+            ("IDEM_BATCH_PHASES", phases),
+        ];
+        kills::worker(
+            "batch_worker",
+            &files,
+            ("IDEM_BATCH_POSTGRES", postgres.as_deref()),
+        )
     };
     let kills = kills::kill_cycles(dir.path(), cycles, 0xba7c_0000, (15, 60), child);
 

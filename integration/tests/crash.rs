@@ -20,7 +20,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use idem::key::KeyPart;
@@ -243,26 +242,20 @@ fn kill_9_at_random_moments_on_postgres() {
 }
 
 fn kill_9_cycles(postgres: Option<String>) {
-    let cycles: u32 = std::env::var("IDEM_CRASH_CYCLES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+    let cycles = kills::cycles("IDEM_CRASH_CYCLES", 60);
     let dir = tempfile::tempdir().unwrap();
     let (db, ledger) = (dir.path().join("idem.db"), dir.path().join("provider.log"));
     let child = |phases: &Path| {
-        let mut command = Command::new(std::env::current_exe().unwrap());
-        command
-            .args(["crash_worker", "--exact", "--ignored", "--test-threads=1"])
-            .env("IDEM_CRASH_DB", &db)
-            .env("IDEM_CRASH_LEDGER", &ledger)
-            .env("IDEM_CRASH_PHASES", phases)
-            .env_remove("IDEM_CRASH_POSTGRES")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(url) = &postgres {
-            command.env("IDEM_CRASH_POSTGRES", url);
-        }
-        command.spawn().expect("spawn")
+        let files = [
+            ("IDEM_CRASH_DB", db.as_path()),
+            ("IDEM_CRASH_LEDGER", &ledger),
+            ("IDEM_CRASH_PHASES", phases),
+        ];
+        kills::worker(
+            "crash_worker",
+            &files,
+            ("IDEM_CRASH_POSTGRES", postgres.as_deref()),
+        )
     };
     // Killed at random moments; the last child finishes what is left (waiting out orphans'
     // leases).
@@ -396,10 +389,7 @@ fn kill_9_of_a_transactional_tool_on_postgres() {
     let Some(url) = test_server_url("IDEM_TEST_POSTGRES_URL") else {
         return;
     };
-    let cycles: u32 = std::env::var("IDEM_CRASH_CYCLES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
+    let cycles = kills::cycles("IDEM_CRASH_CYCLES", 200);
     let schema = format!("idem_crash_tx_{}", uuid::Uuid::new_v4().simple());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let client = runtime.block_on(async {
@@ -421,19 +411,12 @@ fn kill_9_of_a_transactional_tool_on_postgres() {
     let store_url = format!("{url}{sep}schema={schema}&options=-csearch_path%3D{schema}");
     let dir = tempfile::tempdir().unwrap();
     let child = |phases: &Path| {
-        Command::new(std::env::current_exe().unwrap())
-            .args([
-                "transactional_crash_worker",
-                "--exact",
-                "--ignored",
-                "--test-threads=1",
-            ])
-            .env("IDEM_CRASH_POSTGRES", &store_url)
-            .env("IDEM_CRASH_PHASES", phases)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn")
+        let files = [("IDEM_CRASH_PHASES", phases)];
+        kills::worker(
+            "transactional_crash_worker",
+            &files,
+            ("IDEM_CRASH_POSTGRES", Some(store_url.as_str())),
+        )
     };
     let kills = kills::kill_cycles(dir.path(), cycles, 0x7a5c_0000, (20, 80), child);
 

@@ -12,7 +12,6 @@
 //!   completes every stream, and each holds exactly one holder's 100 chunks.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -406,27 +405,21 @@ fn stream_worker() {
 }
 
 fn kill_9_mid_stream(postgres: Option<String>) {
-    let cycles: u32 = std::env::var("IDEM_STREAM_CRASH_CYCLES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100);
+    let cycles = kills::cycles("IDEM_STREAM_CRASH_CYCLES", 100);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("idem.db");
     let prefixes_file = dir.path().join("prefixes");
     let child = |phases: &Path| {
-        let mut command = Command::new(std::env::current_exe().unwrap());
-        command
-            .args(["stream_worker", "--exact", "--ignored", "--test-threads=1"])
-            .env("IDEM_STREAM_DB", &db)
-            .env("IDEM_STREAM_PREFIXES", &prefixes_file)
-            .env("IDEM_STREAM_PHASES", phases)
-            .env_remove("IDEM_STREAM_POSTGRES")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(url) = &postgres {
-            command.env("IDEM_STREAM_POSTGRES", url);
-        }
-        command.spawn().expect("spawn")
+        let files = [
+            ("IDEM_STREAM_DB", db.as_path()),
+            ("IDEM_STREAM_PREFIXES", &prefixes_file),
+            ("IDEM_STREAM_PHASES", phases),
+        ];
+        kills::worker(
+            "stream_worker",
+            &files,
+            ("IDEM_STREAM_POSTGRES", postgres.as_deref()),
+        )
     };
     let kills = kills::kill_cycles(dir.path(), cycles, 0x57ae_0000, (40, 160), child);
 

@@ -36,6 +36,37 @@ pub async fn open_store(postgres: Option<&str>, db: &Path) -> Box<dyn Store> {
     }
 }
 
+/// The number of kill cycles the environment variable `var` asks for, else `default`.
+pub fn cycles(var: &str, default: u32) -> u32 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Starts a worker: this test binary running only its ignored test `test`, given each of
+/// `files` as an environment variable (name, path), and `postgres.1` as `postgres.0` when the
+/// store is Postgres (the variable removed otherwise, so the worker opens the SQLite file).
+pub fn worker(
+    test: &str,
+    files: &[(&str, &Path)],
+    postgres: (&str, Option<&str>),
+) -> std::process::Child {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args([test, "--exact", "--ignored", "--test-threads=1"])
+        .env_remove(postgres.0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (var, path) in files {
+        command.env(var, path);
+    }
+    if let Some(url) = postgres.1 {
+        command.env(postgres.0, url);
+    }
+    command.spawn().expect("spawn")
+}
+
 /// Runs `test` with the URL of a schema named `prefix` and a random suffix on the Postgres
 /// server of `IDEM_TEST_POSTGRES_URL` (nothing without one), then drops the schema.
 pub fn in_private_schema(prefix: &str, test: impl FnOnce(String)) {
