@@ -235,16 +235,7 @@ where
             } else {
                 tool.orphans()
             };
-            let intent = Intent {
-                tenant,
-                key,
-                tool: name,
-                fingerprint,
-                lease: tool.effective_lease(idem),
-                ttl: tool.effective_ttl(idem),
-                orphans,
-                wait: tool.effective_wait(idem.default_wait()),
-            };
+            let intent = Intent::of_tool(tool, idem, tenant, key, fingerprint, orphans);
             let claimed = match observed.within(claim_waiting(idem, &intent)).await {
                 Ok(claiming) => match to_run::<T, E, H>(name, key, claiming) {
                     Ok(claimed) => claimed,

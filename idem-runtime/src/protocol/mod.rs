@@ -70,6 +70,30 @@ pub struct Intent {
     pub wait: Duration,
 }
 
+impl Intent {
+    /// The intent of a call of `tool` under `idem`: its lease, TTL and wait as the tool and the
+    /// runtime set them, and `orphans` as the call treats them.
+    pub(crate) fn of_tool(
+        tool: &crate::registry::ToolInfo,
+        idem: &Idem,
+        tenant: Arc<str>,
+        key: IdempotencyKey,
+        fingerprint: Fingerprint,
+        orphans: Orphans,
+    ) -> Self {
+        Intent {
+            tenant,
+            key,
+            tool: tool.name,
+            fingerprint,
+            lease: tool.effective_lease(idem),
+            ttl: tool.effective_ttl(idem),
+            orphans,
+            wait: tool.effective_wait(idem.default_wait()),
+        }
+    }
+}
+
 /// What a claim found, decided.
 #[derive(Debug)]
 pub enum Claiming {

@@ -85,16 +85,14 @@ where
         let idem = scope.idem().clone();
         let tenant = scope.shared_tenant();
         let observed = Observation::start(tool, &tenant, key);
-        let intent = Intent {
-            tenant: tenant.clone(),
+        let intent = Intent::of_tool(
+            tool,
+            &idem,
+            tenant.clone(),
             key,
-            tool: name,
             fingerprint,
-            lease: tool.effective_lease(&idem),
-            ttl: tool.effective_ttl(&idem),
-            orphans: tool.orphans(),
-            wait: tool.effective_wait(idem.default_wait()),
-        };
+            tool.orphans(),
+        );
         let result = match observed.within(claim(&idem, &intent)).await {
             Err(e) => Err(Error::Store(e)),
             Ok(Claiming::Acquired(claimed)) => {
