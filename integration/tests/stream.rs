@@ -89,8 +89,13 @@ fn draft_key(tenant: &str, run_id: &str) -> IdempotencyKey {
     derive_key(tenant, "stream.draft", &[KeyPart::new(run_id).unwrap()])
 }
 
-/// The bytes the store holds for a key's stream, every chunk.
-async fn stored_chunks(store: &dyn Store, tenant: &str, key: IdempotencyKey) -> Vec<Vec<u8>> {
+/// The bytes the store holds for a key's stream, every chunk, and the status of its record
+/// (`None` without a record).
+async fn stored_chunks(
+    store: &dyn Store,
+    tenant: &str,
+    key: IdempotencyKey,
+) -> Option<(Vec<Vec<u8>>, RecordStatus)> {
     let mut out = Vec::new();
     loop {
         let page = store
@@ -98,15 +103,14 @@ async fn stored_chunks(store: &dyn Store, tenant: &str, key: IdempotencyKey) -> 
                 tenant,
                 key,
                 from: out.len() as u64,
-                limit: 100,
+                limit: 64,
             })
             .await
-            .unwrap()
-            .expect("a record");
-        let last = page.chunks.len() < 100;
+            .unwrap()?;
+        let last = page.chunks.len() < 64;
         out.extend(page.chunks);
         if last {
-            return out;
+            return Some((out, page.record.status));
         }
     }
 }
@@ -124,7 +128,9 @@ async fn a_1000_chunk_stream_replays_byte_identical(store: Arc<dyn Store>) {
     assert!(produced.iter().zip(0..).all(|(c, n)| *c == chunk(n)));
     assert_eq!(produced.len(), 1000);
     let key = draft_key(&tenant, &run);
-    let bytes = stored_chunks(&*store, &tenant, key).await;
+    let (bytes, _) = stored_chunks(&*store, &tenant, key)
+        .await
+        .expect("a record");
     assert_eq!(bytes.len(), 1000);
     for (stored, n) in bytes.iter().zip(0..) {
         assert_eq!(*stored, serde_json::to_vec(&chunk(n)).unwrap(), "chunk {n}");
@@ -141,7 +147,10 @@ async fn a_1000_chunk_stream_replays_byte_identical(store: Arc<dyn Store>) {
             "the replay is the stream, chunk for chunk"
         );
     }
-    assert_eq!(stored_chunks(&*store, &tenant, key).await, bytes);
+    let (again, _) = stored_chunks(&*store, &tenant, key)
+        .await
+        .expect("a record");
+    assert_eq!(again, bytes);
     assert_eq!(drafts(&run), 1, "the body ran once");
 }
 
@@ -306,29 +315,14 @@ fn produce_key(stream: u32) -> IdempotencyKey {
 async fn prefixes(store: &dyn Store) -> Vec<(u32, usize, Option<RecordStatus>)> {
     let mut out = Vec::new();
     for stream in 0..STREAMS {
-        let key = produce_key(stream);
-        let mut chunks = Vec::new();
-        let status = loop {
-            let page = store
-                .read_chunks(ChunkRead {
-                    tenant: TENANT,
-                    key,
-                    from: chunks.len() as u64,
-                    limit: 64,
-                })
-                .await
-                .unwrap();
-            let Some(page) = page else { break None };
-            let last = page.chunks.len() < 64;
-            chunks.extend(
-                page.chunks
-                    .iter()
-                    .map(|c| serde_json::from_slice::<String>(c).unwrap()),
-            );
-            if last {
-                break Some(page.record.status);
-            }
+        let (bytes, status) = match stored_chunks(store, TENANT, produce_key(stream)).await {
+            Some((bytes, status)) => (bytes, Some(status)),
+            None => (Vec::new(), None),
         };
+        let chunks: Vec<String> = bytes
+            .iter()
+            .map(|c| serde_json::from_slice(c).unwrap())
+            .collect();
         if let Err(mixed) = one_holders_prefix(&chunks) {
             panic!("stream {stream}: {mixed}");
         }
