@@ -441,6 +441,25 @@ fn append(
     Ok(fenced(1))
 }
 
+/// The whole record of `key`, if there is one (`op` names the operation in errors).
+pub(super) fn read_record(
+    conn: &Connection,
+    op: &str,
+    tenant: &str,
+    key: &IdempotencyKey,
+) -> Result<Option<Record>, StoreError> {
+    let err = |e| sql_error(op, e);
+    let sql = format!("SELECT {RECORD_COLUMNS} FROM idem_records WHERE tenant = ?1 AND key = ?2");
+    let mut stmt = conn.prepare_cached(&sql).map_err(err)?;
+    let mut rows = stmt
+        .query(params![tenant, &key.as_bytes()[..]])
+        .map_err(err)?;
+    match rows.next().map_err(err)? {
+        Some(row) => decode_record(op, row).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// The record of `key` and at most `limit` chunks of its current token's stream from `from`,
 /// read in one transaction (one snapshot of the file).
 pub(super) fn read_page(
@@ -452,16 +471,8 @@ pub(super) fn read_page(
 ) -> Result<Option<StreamPage>, StoreError> {
     let err = |e| sql_error("read_chunks", e);
     let tx = conn.unchecked_transaction().map_err(err)?;
-    let sql = format!("SELECT {RECORD_COLUMNS} FROM idem_records WHERE tenant = ?1 AND key = ?2");
-    let record = {
-        let mut stmt = tx.prepare_cached(&sql).map_err(err)?;
-        let mut rows = stmt
-            .query(params![tenant, &key.as_bytes()[..]])
-            .map_err(err)?;
-        match rows.next().map_err(err)? {
-            Some(row) => decode_record("read_chunks", row)?,
-            None => return Ok(None),
-        }
+    let Some(record) = read_record(&tx, "read_chunks", tenant, key)? else {
+        return Ok(None);
     };
     let chunks = tx
         .prepare_cached(

@@ -39,7 +39,7 @@
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
-use rusqlite::{Connection, params};
+use rusqlite::Connection;
 
 use idem_core::key::IdempotencyKey;
 use idem_core::store::read_first::{ONE, ReadFirst};
@@ -62,7 +62,7 @@ mod schema;
 pub use self::options::{SqliteOptions, Synchronous};
 pub use self::schema::SCHEMA_VERSION;
 
-use self::claim::{Op, RECORD_COLUMNS, Reply, decode_record, read_held, read_page};
+use self::claim::{Op, Reply, read_held, read_page, read_record};
 use self::driver::{BACKEND, closed, sql_error, unexpected};
 use self::group_commit::{Queue, Shared};
 use self::keeper::KeeperCell;
@@ -378,23 +378,7 @@ impl Store for SqliteStore {
         tenant: &'a str,
         key: IdempotencyKey,
     ) -> StoreFuture<'a, Option<Record>> {
-        Box::pin(async move {
-            self.read(|conn| {
-                let sql = format!(
-                    "SELECT {RECORD_COLUMNS} FROM idem_records WHERE tenant = ?1 AND key = ?2"
-                );
-                let mut stmt = conn
-                    .prepare_cached(&sql)
-                    .map_err(|e| sql_error("lookup", e))?;
-                let mut rows = stmt
-                    .query(params![tenant, &key.as_bytes()[..]])
-                    .map_err(|e| sql_error("lookup", e))?;
-                match rows.next().map_err(|e| sql_error("lookup", e))? {
-                    Some(row) => decode_record("lookup", row).map(Some),
-                    None => Ok(None),
-                }
-            })
-        })
+        Box::pin(async move { self.read(|conn| read_record(conn, "lookup", tenant, &key)) })
     }
 
     /// Woken by this store's own completions and releases; another process writing the file
