@@ -1,10 +1,12 @@
-//! The admin side of the Postgres store: delete, scan in (tenant, key) order, resolve.
+//! The admin side of the Postgres store: delete, scan in (tenant, key) order, resolve, blob
+//! usage.
 
 use super::claim::decode_record;
-use super::driver::{BACKEND, db_time};
+use super::driver::{BACKEND, corrupt, db_time};
 use super::store::PostgresStore;
 use idem_core::key::IdempotencyKey;
 use idem_core::store::admin::{self as store_admin, AdminStore, Page, Resolution};
+use idem_core::store::blob::BlobUsage;
 use idem_core::store::{Fenced, RecordStatus, Store, StoreFuture, UnixMillis};
 
 impl AdminStore for PostgresStore {
@@ -18,6 +20,21 @@ impl AdminStore for PostgresStore {
                 Fenced::Lost
             } else {
                 Fenced::Applied
+            })
+        })
+    }
+
+    fn blob_usage<'a>(&'a self, tenant: Option<&'a str>) -> StoreFuture<'a, BlobUsage> {
+        Box::pin(async move {
+            let rows = self
+                .query("blob_usage", &self.inner.sql.blob_usage, &[&tenant])
+                .await?;
+            let row = rows
+                .first()
+                .ok_or_else(|| corrupt("blob_usage", "the count answered no row"))?;
+            Ok(BlobUsage {
+                blobs: row.get::<_, i64>(0).max(0) as u64,
+                bytes: row.get::<_, i64>(1).max(0) as u64,
             })
         })
     }

@@ -11,9 +11,19 @@ use idem_core::key::IdempotencyKey;
 use idem_core::store::replay_cache::ReplayCache;
 use idem_core::store::{Claim, ClaimRequest, FencingToken, Held, Record, RecordStatus, decide};
 
-/// The columns of a [`Record`], in [`decode_record`]'s order.
-pub(super) const COLUMNS: &str = "tenant, key, tool, fingerprint, status, token, lease_expires_at, \
-     created_at, expires_at, result, note";
+/// The columns of a [`Record`] read from `{t} r`, in [`decode_record`]'s order; `{result}` is
+/// the record's result wherever it is ([`result_column`]).
+const COLUMNS: &str = "r.tenant, r.key, r.tool, r.fingerprint, r.status, r.token, \
+     r.lease_expires_at, r.created_at, r.expires_at, {result}, r.note";
+
+/// The result of the record `r`: in the record, or in the blob it names, read by the same
+/// statement (so from the same snapshot: a blob lives as long as a committed record names it).
+fn result_column(blobs: &str) -> String {
+    format!(
+        "coalesce(r.result, (SELECT b.data FROM {blobs} b WHERE b.tenant = r.tenant \
+         AND b.hash = r.blob))"
+    )
+}
 
 /// The condition of a record an operator may resolve (`$3` is now).
 pub(super) const BLOCKED: &str = "tenant = $1 AND key = $2 \
@@ -51,6 +61,16 @@ const COMPLETION_TYPES: &[Type] = &[
     Type::INT8,
     Type::TEXT,
 ];
+/// tenant, key, token, result, expiry, status, the blob's hash.
+const BLOB_COMPLETION_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::BYTEA,
+    Type::INT8,
+    Type::BYTEA,
+    Type::INT8,
+    Type::TEXT,
+    Type::BYTEA,
+];
 
 fn statement(sql: String, types: &'static [Type]) -> Statement {
     Statement { sql, types }
@@ -78,6 +98,10 @@ pub(super) struct Sql {
     /// The completion of a transactional call: an error (division by zero) when the claim's row
     /// is not there to complete, so that the `COMMIT` sent with it rolls back.
     pub(super) complete_or_abort: Statement,
+    /// [`Sql::complete`], [`Sql::complete_notify`] and [`Sql::complete_or_abort`] of a result
+    /// stored as a blob (`$7`, its hash): the record names the blob, and the blob is written, or
+    /// counted once more, by the same statement.
+    pub(super) complete_blob: [Statement; 3],
     /// The claims of a batch: `idem_claim` for each item of the arrays, in their order (the
     /// store sends them sorted by key, so that two batches lock their keys in one order).
     pub(super) claim_batch: Statement,
@@ -103,12 +127,17 @@ pub(super) struct Sql {
     pub(super) purge: Statement,
     pub(super) version: Statement,
     pub(super) server_time: Statement,
+    /// How many blobs (of one tenant, or all) and their bytes.
+    pub(super) blob_usage: Statement,
 }
 
 impl Sql {
     pub(super) fn new(schema: &str) -> Self {
         let t = format!("\"{schema}\".idem_records");
         let c = format!("\"{schema}\".idem_chunks");
+        let b = format!("\"{schema}\".idem_blobs");
+        let result = result_column(&b);
+        let columns = COLUMNS.replace("{result}", &result);
         // The notice names the key in hex (see `notices.rs`); the channel is a literal.
         let notify = format!(
             "pg_notify('{}', encode(key, 'hex'))",
@@ -119,6 +148,13 @@ impl Sql {
             "UPDATE {t} SET status = $6, result = $4, expires_at = $5 \
              WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight'"
         );
+        let settle_blob = format!(
+            "WITH done AS (UPDATE {t} SET status = $6, result = NULL, blob = $7, expires_at = $5 \
+             WHERE tenant = $1 AND key = $2 AND token = $3 AND status = 'in_flight' \
+             RETURNING key), \
+             kept AS (INSERT INTO {b} (tenant, hash, refs, data) SELECT $1, $7, 1, $4 FROM done \
+             ON CONFLICT (tenant, hash) DO UPDATE SET refs = {b}.refs + 1)"
+        );
         Sql {
             server_time: statement(
                 "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint".into(),
@@ -127,7 +163,7 @@ impl Sql {
             claim_fast: statement(
                 format!(
                     "WITH held AS (SELECT fingerprint, status, token, lease_expires_at, expires_at, \
-                 result FROM {t} WHERE tenant = $1::text AND key = $2::bytea), \
+                 {result} AS result FROM {t} r WHERE tenant = $1::text AND key = $2::bytea), \
                  ins AS (INSERT INTO {t} (tenant, key, tool, fingerprint, status, token, \
                  lease_expires_at, created_at, expires_at) SELECT $1, $2, $3::text, $4::bytea, \
                  'in_flight', $5::bigint, $6::bigint + $7::bigint, $6, $6 + $8::bigint \
@@ -148,8 +184,8 @@ impl Sql {
             ),
             claim_read: statement(
                 format!(
-                    "SELECT fingerprint, status, lease_expires_at, expires_at, result \
-                 FROM {t} WHERE tenant = $1::text AND key = $2::bytea"
+                    "SELECT fingerprint, status, lease_expires_at, expires_at, {result} \
+                 FROM {t} r WHERE tenant = $1::text AND key = $2::bytea"
                 ),
                 KEY_TYPES,
             ),
@@ -169,6 +205,12 @@ impl Sql {
                 format!("WITH done AS ({settle} RETURNING 1) SELECT 1 / count(*)::int FROM done"),
                 COMPLETION_TYPES,
             ),
+            complete_blob: [
+                format!("{settle_blob} SELECT 1 FROM done"),
+                format!("{settle_blob} SELECT {notify} FROM done"),
+                format!("{settle_blob} SELECT 1 / count(*)::int FROM done"),
+            ]
+            .map(|sql| statement(sql, BLOB_COMPLETION_TYPES)),
             claim_batch: statement(
                 format!(
                     "SELECT c.decision, c.token, c.lease_expires_at, c.expires_at, c.result \
@@ -259,7 +301,7 @@ impl Sql {
             ),
             read_chunks: statement(
                 format!(
-                    "SELECT {COLUMNS}, ARRAY(SELECT data FROM {c} c WHERE c.tenant = r.tenant \
+                    "SELECT {columns}, ARRAY(SELECT data FROM {c} c WHERE c.tenant = r.tenant \
                      AND c.key = r.key AND c.token = r.token AND c.seq >= $3::bigint \
                      ORDER BY c.seq LIMIT $4::bigint) \
                  FROM {t} r WHERE r.tenant = $1 AND r.key = $2"
@@ -274,12 +316,12 @@ impl Sql {
                 FENCED_TYPES,
             ),
             lookup: statement(
-                format!("SELECT {COLUMNS} FROM {t} WHERE tenant = $1 AND key = $2"),
+                format!("SELECT {columns} FROM {t} r WHERE tenant = $1 AND key = $2"),
                 KEY_TYPES,
             ),
             scan: statement(
                 format!(
-                    "SELECT {COLUMNS} FROM {t} WHERE ($1::text IS NULL OR tenant = $1) \
+                    "SELECT {columns} FROM {t} r WHERE ($1::text IS NULL OR tenant = $1) \
                  AND (tenant, key) > ($2, $3) ORDER BY tenant, key LIMIT $4"
                 ),
                 &[Type::TEXT, Type::TEXT, Type::BYTEA, Type::INT8],
@@ -309,6 +351,13 @@ impl Sql {
             version: statement(
                 format!("SELECT value FROM \"{schema}\".idem_meta WHERE name = 'schema_version'"),
                 &[],
+            ),
+            blob_usage: statement(
+                format!(
+                    "SELECT count(*), coalesce(sum(octet_length(data)), 0)::bigint FROM {b} \
+                     WHERE $1::text IS NULL OR tenant = $1"
+                ),
+                &[Type::TEXT],
             ),
         }
     }

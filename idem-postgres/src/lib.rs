@@ -38,18 +38,24 @@
 //! (waiting for a connection, default 5000), `statement_timeout_ms` (default 10000; 0 turns it
 //! off), `response_timeout_ms` (how long a statement may go unanswered on the client's side, for
 //! a stalled server or a network that drops packets: default the statement timeout + 2000, and
-//! the connection is then dropped), `replay_cache` (KiB, default 1024, 0 turns it off), and the libpq TLS options
+//! the connection is then dropped), `replay_cache` (KiB, default 1024, 0 turns it off), `blob_threshold` (bytes, default
+//! 65536, or `off`: see below), and the libpq TLS options
 //! `sslmode` (`disable`, `prefer` (default), `require`, `verify-ca`, `verify-full`),
 //! `sslrootcert` (a PEM file of trusted roots, or `system`, the default), `sslcert` and `sslkey`
 //! (a client certificate): see [`TlsOptions`]. A pool you already have is used with
 //! [`PostgresStore::from_pool`].
+
+/// The longest result this store keeps: a `bytea` value holds up to 1 GiB, and the statement
+/// that writes it carries the rest of the record.
+pub const MAX_VALUE_BYTES: usize = 1_000_000_000;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use idem_core::key::IdempotencyKey;
-use idem_core::store::batch::{by_key, in_item_order};
+use idem_core::store::batch::{self, by_key, in_item_order};
+use idem_core::store::blob;
 use idem_core::store::replay_cache::ReplayCache;
 use idem_core::store::stream::out_of_order;
 use idem_core::store::{
@@ -185,6 +191,7 @@ impl PostgresStore {
                 pool,
                 sql: Sql::new(&options.schema),
                 replays: ReplayCache::new(options.replay_cache),
+                blob_threshold: options.blob_threshold,
                 read_first: ReadFirst::new(READ_FIRST_FROM),
                 encryption,
                 transaction_pooler: options.transaction_pooler,
@@ -296,6 +303,11 @@ impl Store for PostgresStore {
         BACKEND
     }
 
+    /// What a `bytea` value holds (1 GiB), less room for the rest of its statement.
+    fn result_limit(&self) -> usize {
+        MAX_VALUE_BYTES
+    }
+
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             const OP: &str = "claim";
@@ -360,15 +372,29 @@ impl Store for PostgresStore {
             let token = c.token.get() as i64;
             let key = &c.key.as_bytes()[..];
             let status = c.status.as_str();
-            let params: [&(dyn ToSql + Sync); 6] =
-                [&c.tenant, &key, &token, &c.result, &expires_at, &status];
+            let blob = blob::stored_apart(c.status, c.result, self.inner.blob_threshold);
+            let hash = blob.as_ref().map(|h| &h.as_bytes()[..]);
+            let params: [&(dyn ToSql + Sync); 7] = [
+                &c.tenant,
+                &key,
+                &token,
+                &c.result,
+                &expires_at,
+                &status,
+                &hash,
+            ];
             let sql = &self.inner.sql;
-            let statement = if c.notify {
-                &sql.complete_notify
-            } else {
-                &sql.complete
+            let statement = match (hash, c.notify) {
+                (Some(_), notify) => &sql.complete_blob[usize::from(notify)],
+                (None, true) => &sql.complete_notify,
+                (None, false) => &sql.complete,
             };
-            let applied = self.query("complete", statement, &params).await?;
+            let params = if hash.is_some() {
+                &params[..]
+            } else {
+                &params[..6]
+            };
+            let applied = self.query("complete", statement, params).await?;
             if !applied.is_empty() {
                 self.inner.listener.settled(&c.key);
                 return Ok(Fenced::Applied);
@@ -442,6 +468,28 @@ impl Store for PostgresStore {
             const OP: &str = "complete";
             if batch.items.is_empty() {
                 return Ok(Vec::new());
+            }
+            let threshold = self.inner.blob_threshold;
+            let with_blob = batch.items.iter().any(|item| match item.settle {
+                Settle::Complete { status, result } => {
+                    blob::stored_apart(status, result, threshold).is_some()
+                }
+                Settle::Release => false,
+            });
+            if with_blob {
+                // A result stored as a blob is written by the completion of its own key.
+                return batch::settle_each(self, batch).await;
+            }
+            let threshold = self.inner.blob_threshold;
+            let with_blob = batch.items.iter().any(|item| match item.settle {
+                Settle::Complete { status, result } => {
+                    blob::stored_apart(status, result, threshold).is_some()
+                }
+                Settle::Release => false,
+            });
+            if with_blob {
+                // A result stored as a blob is written by the completion of its own key.
+                return batch::settle_each(self, batch).await;
             }
             let order = by_key(batch.items, |item| item.key);
             let items = || order.iter().map(|&i| &batch.items[i]);
@@ -821,6 +869,10 @@ mod tests {
             &sql.complete,
             &sql.complete_notify,
             &sql.complete_or_abort,
+            &sql.complete_blob[0],
+            &sql.complete_blob[1],
+            &sql.complete_blob[2],
+            &sql.blob_usage,
             &sql.renew,
             &sql.release,
             &sql.lookup,

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::tls::{SslMode, TlsOptions};
-use idem_core::store::replay_cache;
+use idem_core::store::{blob, replay_cache};
 
 /// Options of a [`PostgresStore`](super::PostgresStore), usually taken from the URL.
 #[derive(Debug, Clone)]
@@ -26,6 +26,9 @@ pub struct PostgresOptions {
     pub response_timeout: Duration,
     /// The size of the in-memory cache of completed records for replays, in KiB (0: none).
     pub replay_cache: usize,
+    /// Completed results longer than this many bytes are stored once per tenant, as blobs
+    /// (`usize::MAX`: never). Default [`blob::DEFAULT_THRESHOLD`], 64 KiB.
+    pub blob_threshold: usize,
     /// TLS: `sslmode`, `sslrootcert`, `sslcert`, `sslkey`.
     pub tls: TlsOptions,
     /// Whether the server is reached through a transaction pooler (PgBouncer with
@@ -36,7 +39,7 @@ pub struct PostgresOptions {
 }
 
 /// The defaults of a URL without options; for [`PostgresStore::from_pool`](super::PostgresStore::from_pool),
-/// only `schema` and `replay_cache` matter.
+/// only `schema`, `replay_cache` and `blob_threshold` matter.
 impl Default for PostgresOptions {
     fn default() -> Self {
         PostgresOptions {
@@ -47,6 +50,7 @@ impl Default for PostgresOptions {
             statement_timeout: Some(Duration::from_secs(10)),
             response_timeout: Duration::from_secs(12),
             replay_cache: replay_cache::DEFAULT_CAPACITY,
+            blob_threshold: blob::DEFAULT_THRESHOLD,
             tls: TlsOptions::default(),
             transaction_pooler: false,
         }
@@ -105,6 +109,7 @@ impl PostgresOptions {
                 "replay_cache" => {
                     options.replay_cache = replay_cache::parse_capacity(value)?;
                 }
+                "blob_threshold" => options.blob_threshold = blob::parse_threshold(value)?,
                 "pooler" => {
                     options.transaction_pooler = match value {
                         "transaction" => true,

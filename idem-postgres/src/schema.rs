@@ -8,14 +8,14 @@ use super::store::PostgresStore;
 use idem_core::{StoreError, StoreErrorKind};
 
 /// The schema version this build writes (2 added the `unknown` status, the orphan policy of
-/// `idem_claim` and the operator's `note`; 3 the chunks of streams; older schemas are upgraded
-/// on open).
-pub const SCHEMA_VERSION: u32 = 3;
+/// `idem_claim` and the operator's `note`; 3 the chunks of streams; 4 the blobs of large
+/// results; older schemas are upgraded on open).
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// A constant for `pg_advisory_xact_lock`, so migrations of one database run one at a time.
 pub(super) const MIGRATION_LOCK: i64 = 0x6964_656d_0001; // "idem" + 1
 
-/// The schema, version 3. `{s}` is the quoted schema name.
+/// The schema, version 4. `{s}` is the quoted schema name.
 pub(super) const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS {s}.idem_records (
     tenant           text     NOT NULL,
@@ -72,6 +72,48 @@ BEGIN
             FOREIGN KEY (tenant, key) REFERENCES {s}.idem_records (tenant, key) ON DELETE CASCADE
         );
     END IF;
+    -- Completed results past the threshold, once per tenant and SHA-256, with how many records
+    -- name each (`blob`): the completion that names one counts it (its row locked until the
+    -- completion commits), and the triggers below let go of it when a record that names it is
+    -- deleted or names another, in the same transaction.
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{s}.idem_records'::regclass
+                   AND attname = 'blob' AND NOT attisdropped) THEN
+        ALTER TABLE {s}.idem_records ADD COLUMN blob bytea;
+    END IF;
+    IF to_regclass('{s}.idem_blobs') IS NULL THEN
+        CREATE TABLE {s}.idem_blobs (
+            tenant text   NOT NULL,
+            hash   bytea  NOT NULL,
+            refs   bigint NOT NULL,
+            data   bytea  NOT NULL,
+            PRIMARY KEY (tenant, hash)
+        );
+    END IF;
+END
+$do$;
+
+CREATE OR REPLACE FUNCTION {s}.idem_let_go_of_blob() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    UPDATE {s}.idem_blobs SET refs = refs - 1 WHERE tenant = OLD.tenant AND hash = OLD.blob;
+    DELETE FROM {s}.idem_blobs WHERE tenant = OLD.tenant AND hash = OLD.blob AND refs <= 0;
+    RETURN NULL;
+END
+$fn$;
+
+DO $do$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '{s}.idem_records'::regclass
+                   AND tgname = 'idem_records_drop_blob') THEN
+        CREATE TRIGGER idem_records_drop_blob AFTER DELETE ON {s}.idem_records
+            FOR EACH ROW WHEN (OLD.blob IS NOT NULL) EXECUTE FUNCTION {s}.idem_let_go_of_blob();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '{s}.idem_records'::regclass
+                   AND tgname = 'idem_records_move_blob') THEN
+        CREATE TRIGGER idem_records_move_blob AFTER UPDATE OF blob ON {s}.idem_records
+            FOR EACH ROW WHEN (OLD.blob IS NOT NULL AND OLD.blob IS DISTINCT FROM NEW.blob)
+            EXECUTE FUNCTION {s}.idem_let_go_of_blob();
+    END IF;
 END
 $do$;
 
@@ -88,6 +130,7 @@ LANGUAGE plpgsql AS $fn$
 #variable_conflict use_column
 DECLARE
     held {s}.idem_records%ROWTYPE;
+    held_blob bytea;
 BEGIN
     FOR attempt IN 1..16 LOOP
         -- A plain read first: replays, mismatches and in-flight answers take no lock.
@@ -105,7 +148,7 @@ BEGIN
         ELSIF held.expires_at <= p_now THEN
             UPDATE {s}.idem_records r SET tool = p_tool, fingerprint = p_fingerprint,
                 status = 'in_flight', token = p_token, lease_expires_at = p_now + p_lease,
-                created_at = p_now, expires_at = p_now + p_ttl, result = NULL
+                created_at = p_now, expires_at = p_now + p_ttl, result = NULL, blob = NULL
             WHERE r.tenant = p_tenant AND r.key = p_key AND r.expires_at <= p_now;
             IF FOUND THEN
                 decision := 0; token := p_token; RETURN;
@@ -113,7 +156,15 @@ BEGIN
         ELSIF held.fingerprint <> p_fingerprint THEN
             decision := 2; RETURN;
         ELSIF held.status = 'completed' THEN
-            decision := 3; expires_at := held.expires_at; result := held.result; RETURN;
+            IF held.blob IS NOT NULL THEN
+                -- Its bytes are the hash's, whoever names it now; a blob gone since the read
+                -- went with the record's last change: decide again.
+                SELECT b.data INTO held_blob FROM {s}.idem_blobs b
+                WHERE b.tenant = p_tenant AND b.hash = held.blob;
+                CONTINUE WHEN NOT FOUND;
+            END IF;
+            decision := 3; expires_at := held.expires_at;
+            result := coalesce(held.result, held_blob); RETURN;
         ELSIF held.token = p_token THEN
             -- This very claim, sent again after a lost answer: it is ours. It created the
             -- record (created now) or took an older one over.

@@ -13,7 +13,7 @@ use super::claim::{ClaimRow, Statement, decide_claim};
 use super::driver::{BACKEND, corrupt, db_millis, db_time, orphans_code};
 use super::store::PostgresStore;
 use super::transaction::{Settlement, Transacted};
-use idem_core::store::{Claim, ClaimRequest, FencingToken, RecordStatus, after};
+use idem_core::store::{Claim, ClaimRequest, FencingToken, RecordStatus, after, blob};
 use idem_core::{StoreError, StoreErrorKind};
 
 /// A sqlx future, boxed where it is made.
@@ -197,14 +197,23 @@ impl PostgresStore {
             };
         };
         let expires_at = db_time(after(req.now, req.ttl));
+        let blob = blob::stored_apart(status, &bytes, self.inner.blob_threshold);
+        let statement = match blob {
+            Some(_) => &self.inner.sql.complete_blob[0],
+            None => &self.inner.sql.complete,
+        };
         let complete = self
-            .prepared(&self.inner.sql.complete)
+            .prepared(statement)
             .bind(req.tenant)
             .bind(&req.key.as_bytes()[..])
             .bind(token.get() as i64)
             .bind(&bytes[..])
             .bind(expires_at)
             .bind(status.as_str());
+        let complete = match &blob {
+            Some(hash) => complete.bind(&hash.as_bytes()[..]),
+            None => complete,
+        };
         match self
             .timed_sqlx("complete", discard, Box::pin(complete.fetch_all(&mut *tx)))
             .await

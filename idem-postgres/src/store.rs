@@ -28,6 +28,8 @@ pub(crate) struct Inner {
     pub(crate) pool: Pool,
     pub(crate) sql: Sql,
     pub(crate) replays: ReplayCache,
+    /// Completed results longer than this are stored as blobs.
+    pub(crate) blob_threshold: usize,
     /// Whether a claim reads before it claims, as the claims lately were answered.
     pub(crate) read_first: ReadFirst,
     /// Whether connections are encrypted, as far as this store knows (see `Store::health`).

@@ -25,7 +25,7 @@ use super::claim::{Statement, decode_claim};
 use super::driver::{corrupt, db_millis, db_time, orphans_code, pg_error, pool_error};
 use super::store::PostgresStore;
 use idem_core::StoreError;
-use idem_core::store::{Claim, ClaimRequest, FencingToken, RecordStatus, after};
+use idem_core::store::{Claim, ClaimRequest, FencingToken, RecordStatus, after, blob};
 
 /// What the body's result makes of the transaction.
 #[derive(Debug)]
@@ -176,18 +176,22 @@ impl PostgresStore {
         let key = &req.key.as_bytes()[..];
         let token_param = token.get() as i64;
         let status_text = status.as_str();
-        let params: [&(dyn ToSql + Sync); 6] = [
+        let blob = blob::stored_apart(status, &bytes, self.inner.blob_threshold);
+        let hash = blob.as_ref().map(|h| &h.as_bytes()[..]);
+        let params: [&(dyn ToSql + Sync); 7] = [
             &req.tenant,
             &key,
             &token_param,
             &bytes,
             &expires_at,
             &status_text,
+            &hash,
         ];
-        let complete = match self
-            .ready(&tx, &cache, discard, &self.inner.sql.complete_or_abort)
-            .await
-        {
+        let (statement, params) = match hash {
+            Some(_) => (&self.inner.sql.complete_blob[2], &params[..]),
+            None => (&self.inner.sql.complete_or_abort, &params[..6]),
+        };
+        let complete = match self.ready(&tx, &cache, discard, statement).await {
             Ok(ready) => ready,
             Err(e) => return Ok(Transacted::NotCommitted(answer, e)),
         };
@@ -195,7 +199,7 @@ impl PostgresStore {
         // fails (its row gone, which the statement turns into an error) aborts the
         // transaction, and the server answers the `COMMIT` with a rollback.
         let finished = tokio::time::timeout(self.inner.response_timeout, async {
-            tokio::join!(send(&tx, &complete, &params), tx.batch_execute("COMMIT"))
+            tokio::join!(send(&tx, &complete, params), tx.batch_execute("COMMIT"))
         })
         .await;
         let committed = match finished {

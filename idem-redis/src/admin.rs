@@ -1,10 +1,12 @@
-//! The admin side of the Redis store: delete, scan by prefix, resolve (a fenced script).
+//! The admin side of the Redis store: delete (a script, which lets go of a blob), scan by
+//! prefix, resolve (a fenced script), blob usage.
 
 use super::driver::{BACKEND, redis_error, time_arg};
 use super::record::parse_record_key;
 use super::store::RedisStore;
 use idem_core::key::IdempotencyKey;
 use idem_core::store::admin::{AdminStore, Page, Resolution};
+use idem_core::store::blob::BlobUsage;
 use idem_core::store::{Fenced, Store, StoreFuture, UnixMillis};
 use idem_core::{StoreError, StoreErrorKind};
 
@@ -19,6 +21,7 @@ if not v then return 0 end
 local status = string.sub(v, 33, 33)
 local head = 104 + tonumber(string.sub(v, 101, 104))
 local resolved = '0000000000000000000'
+if status == 'b' then return 0 end
 if status == 'c' then
   if ARGV[1] == 'c' and string.sub(v, 82, 100) == resolved and string.sub(v, head + 1) == ARGV[2]
     and redis.call('GET', note) == ARGV[3] then return 1 end
@@ -44,17 +47,68 @@ impl AdminStore for RedisStore {
     fn delete<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
             let record = self.record_key(tenant, &key);
-            let (deleted, _): (i64, i64) = redis::pipe()
-                .del(&record)
-                .del(&[format!("{record}:note"), format!("{record}:stream")])
-                .query_async(&mut self.conn.clone())
-                .await
-                .map_err(|e| redis_error("delete", e))?;
+            let note = format!("{record}:note");
+            let deleted: i64 = self
+                .invoke("delete", &self.scripts.delete, &[&record, &note], &[])
+                .await?;
             Ok(if deleted == 1 {
                 Fenced::Applied
             } else {
                 Fenced::Lost
             })
+        })
+    }
+
+    /// Walks the tenant's blob keys with `SCAN` (on a cluster, one tenant at a time, as
+    /// [`AdminStore::scan`]) and adds up their bytes.
+    fn blob_usage<'a>(&'a self, tenant: Option<&'a str>) -> StoreFuture<'a, BlobUsage> {
+        Box::pin(async move {
+            const OP: &str = "blob_usage";
+            let pattern = match tenant {
+                Some(t) => format!(
+                    "{}:{{{}}}:blob:*",
+                    self.prefix,
+                    idem_core::hex::encode(t.as_bytes())
+                ),
+                None if self.conn.is_cluster() => {
+                    return Err(StoreError::new(
+                        BACKEND,
+                        StoreErrorKind::Other,
+                        "blob_usage: on a Redis Cluster, ask for one tenant at a time",
+                    ));
+                }
+                None => format!("{}:{{*}}:blob:*", self.prefix),
+            };
+            let mut conn = self.conn.clone();
+            let mut usage = BlobUsage::default();
+            let mut position: u64 = 0;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(position)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(10_000);
+                let (next, names): (u64, Vec<String>) = conn
+                    .on_primary_of(&pattern, &scan)
+                    .await
+                    .and_then(|v| redis::from_redis_value(v).map_err(redis::RedisError::from))
+                    .map_err(|e| redis_error(OP, e))?;
+                for name in names {
+                    let bytes: u64 = redis::cmd("HSTRLEN")
+                        .arg(&name)
+                        .arg("d")
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| redis_error(OP, e))?;
+                    usage.blobs += 1;
+                    usage.bytes += bytes;
+                }
+                position = next;
+                if position == 0 {
+                    return Ok(usage);
+                }
+            }
         })
     }
 

@@ -8,9 +8,10 @@ use super::driver::{
     BACKEND, again_if_broken, corrupt, int, millis_arg, redis_error, time_arg, time_bound,
     token_arg,
 };
-use super::record::{SCHEMA_VERSION, decode_record, layout};
+use super::record::{SCHEMA_VERSION, decode_record, in_blob, layout};
 use super::store::RedisStore;
 use idem_core::key::IdempotencyKey;
+use idem_core::store::blob;
 use idem_core::store::stream::out_of_order;
 use idem_core::store::{
     BatchClaim, BatchRenewal, BatchSettlement, ChunkAppend, ChunkRead, Claim, ClaimRequest,
@@ -161,6 +162,12 @@ impl Store for RedisStore {
         true
     }
 
+    /// What Redis keeps in one value (`proto-max-bulk-len`, 512 MiB by default), less room for
+    /// a record's header and tool name.
+    fn result_limit(&self) -> usize {
+        super::MAX_VALUE_BYTES
+    }
+
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             let claim: Result<Claim, StoreError> = async {
@@ -194,13 +201,16 @@ impl Store for RedisStore {
                             takeover: false,
                         });
                     };
-                    let found = decode_record(OP, req.tenant, req.key, &found)?;
-                    let expires_at = found.expires_at;
-                    if let Some(answer) = decide_without_writing(found, &req, token) {
-                        if let Claim::Completed { result } = &answer {
-                            self.replays.put(&req, result, expires_at);
+                    // A result in a blob is read by the script, with its record.
+                    if !in_blob(&found) {
+                        let found = decode_record(OP, req.tenant, req.key, &found)?;
+                        let expires_at = found.expires_at;
+                        if let Some(answer) = decide_without_writing(found, &req, token) {
+                            if let Claim::Completed { result } = &answer {
+                                self.replays.put(&req, result, expires_at);
+                            }
+                            return Ok(answer);
                         }
-                        return Ok(answer);
                     }
                 }
                 let answer: Vec<Value> = self
@@ -239,6 +249,9 @@ impl Store for RedisStore {
             let expires_at = time_arg(after(c.now, c.ttl));
             let ttl = millis_arg(c.ttl);
             let (channel, notice) = self.announcement(&c.key, c.notify);
+            let hash = blob::stored_apart(c.status, c.result, self.blob_threshold)
+                .map(|h| h.to_hex())
+                .unwrap_or_default();
             let applied: i64 = self
                 .invoke(
                     "complete",
@@ -252,6 +265,7 @@ impl Store for RedisStore {
                         status_arg(c.status),
                         channel.as_bytes(),
                         notice.as_bytes(),
+                        hash.as_bytes(),
                     ],
                 )
                 .await?;
@@ -323,13 +337,25 @@ impl Store for RedisStore {
             let expires_at = time_arg(after(batch.now, batch.ttl));
             let ttl = millis_arg(batch.ttl);
             let tokens: Vec<String> = batch.items.iter().map(|i| token_arg(i.token)).collect();
+            let hashes: Vec<String> = batch
+                .items
+                .iter()
+                .map(|item| match item.settle {
+                    Settle::Complete { status, result } => {
+                        blob::stored_apart(status, result, self.blob_threshold)
+                            .map(|h| h.to_hex())
+                            .unwrap_or_default()
+                    }
+                    Settle::Release => String::new(),
+                })
+                .collect();
             let mut args: Vec<&[u8]> = vec![expires_at.as_bytes(), ttl.as_bytes()];
-            for (item, token) in batch.items.iter().zip(&tokens) {
+            for ((item, token), hash) in batch.items.iter().zip(&tokens).zip(&hashes) {
                 let (status, result): (&[u8], &[u8]) = match item.settle {
                     Settle::Complete { status, result } => (status_arg(status), result),
                     Settle::Release => (b"r", b""),
                 };
-                args.extend([token.as_bytes(), status, result]);
+                args.extend([token.as_bytes(), status, result, hash.as_bytes()]);
             }
             let keys = batch.items.iter().map(|item| &item.key);
             let applied: Vec<i64> = self
@@ -491,15 +517,20 @@ impl Store for RedisStore {
         Box::pin(async move {
             const OP: &str = "lookup";
             let record = self.record_key(tenant, &key);
-            let (value, note): (Option<Vec<u8>>, Option<String>) = redis::pipe()
-                .get(&record)
-                .get(format!("{record}:note"))
-                .query_async(&mut self.conn.clone())
-                .await
-                .map_err(|e| redis_error(OP, e))?;
-            value
-                .map(|v| decode_record(OP, tenant, key, &v).map(|r| Record { note, ..r }))
-                .transpose()
+            let note = format!("{record}:note");
+            let answer: Vec<Option<Vec<u8>>> = self
+                .invoke(OP, &self.scripts.lookup, &[&record, &note], &[])
+                .await?;
+            let mut answer = answer.into_iter();
+            let Some(Some(value)) = answer.next() else {
+                return Ok(None);
+            };
+            let note = answer
+                .next()
+                .flatten()
+                .map(|n| String::from_utf8(n).map_err(|_| corrupt(OP, "the note is not UTF-8")))
+                .transpose()?;
+            decode_record(OP, tenant, key, &value).map(|r| Some(Record { note, ..r }))
         })
     }
 

@@ -49,21 +49,24 @@
 //! | bytes (1-based) | field |
 //! |---|---|
 //! | 1–32 | fingerprint |
-//! | 33 | status: `i` in flight, `c` completed, `u` unknown |
+//! | 33 | status: `i` in flight, `c` completed, `u` unknown, `b` completed with its result in a blob |
 //! | 34–49 | expires at (16 digits) |
 //! | 50–65 | lease expires at (16 digits) |
 //! | 66–81 | created at (16 digits) |
 //! | 82–100 | fencing token (19 digits) |
 //! | 101–104 | length of the tool name (4 digits), then the tool name |
-//! | the rest | the stored result (completed records) |
+//! | the rest | the stored result (completed records), or the SHA-256 of its blob in hex (`b`) |
 //!
-//! Layout version 2 added the status `u`. A prefix of version 1 is marked 2 when a build of
-//! version 2 opens it (the records are unchanged); stop the older workers first, since they
-//! would take an `unknown` record for an orphan.
+//! Layout version 2 added the status `u`, 3 the status `b` and the blobs. A prefix of an older
+//! version is marked current when this build opens it (the records are unchanged); stop the
+//! older workers first, since they would take an `unknown` record for an orphan, or a `b` one
+//! for a corrupt one.
 //!
 //! URL: `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB][?option=value&…]` with `prefix` (letters,
 //! digits, `_`, `-`, `.`; default `idem`), `timeout_ms` (connect and response timeout, default
-//! 5000), `replay_cache` (KiB, default 1024, 0 turns it off) and the others [`RedisOptions`]
+//! 5000), `replay_cache` (KiB, default 1024, 0 turns it off), `blob_threshold` (bytes, default
+//! 65536, or `off`: results longer are kept once per tenant, at `PREFIX:{TENANT}:blob:SHA256`,
+//! each living as long as the longest-lived record that names it) and the others [`RedisOptions`]
 //! lists (replicas to wait for, TLS files); `rediss://` for TLS, `redis+cluster://` for a
 //! cluster.
 
@@ -103,9 +106,13 @@ pub use self::record::SCHEMA_VERSION;
 
 use self::admin::RESOLVE;
 use self::scripts::{
-    APPEND_CHUNKS, CLAIM, CLAIM_BATCH, COMPLETE, READ_CHUNKS, RELEASE, RENEW, RENEW_BATCH,
-    SETTLE_BATCH,
+    APPEND_CHUNKS, CLAIM, CLAIM_BATCH, COMPLETE, DELETE, LOOKUP, READ_CHUNKS, RELEASE, RENEW,
+    RENEW_BATCH, SETTLE_BATCH,
 };
+
+/// The longest result this store keeps: Redis keeps values of up to `proto-max-bulk-len` (512
+/// MiB unless the server says otherwise), and a record adds its header and tool name.
+pub const MAX_VALUE_BYTES: usize = (512 << 20) - (64 << 10);
 
 inventory::submit! {
     idem_core::store::admin::Driver::new(
@@ -229,8 +236,11 @@ impl RedisStore {
                 resolve: Script::new(RESOLVE),
                 append_chunks: Script::new(APPEND_CHUNKS),
                 read_chunks: Script::new(READ_CHUNKS),
+                lookup: Script::new(LOOKUP),
+                delete: Script::new(DELETE),
             }),
             replays: std::sync::Arc::new(ReplayCache::new(options.replay_cache)),
+            blob_threshold: options.blob_threshold,
             set_nx_get: server.as_deref().is_some_and(takes_set_nx_get),
             wait: Wait {
                 replicas: options.wait_replicas,

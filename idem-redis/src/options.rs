@@ -7,14 +7,14 @@
 //! | `redis+cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT…]` | a Redis Cluster, from one or more of its nodes (the client finds the rest) |
 //! | `rediss+cluster://…` | a Redis Cluster over TLS |
 //!
-//! Options: `prefix`, `timeout_ms`, `replay_cache`, `wait_replicas` and `wait_timeout_ms` (see
+//! Options: `prefix`, `timeout_ms`, `replay_cache`, `blob_threshold`, `wait_replicas` and `wait_timeout_ms` (see
 //! [`RedisOptions`]), `tls_ca`, `tls_cert` and `tls_key` (PEM files: the trusted roots instead of
 //! the system's, and a client certificate), and redis-rs's own `protocol`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use idem_core::store::replay_cache::{self};
+use idem_core::store::{blob, replay_cache};
 
 /// Options of a [`RedisStore`](super::RedisStore), usually taken from the URL.
 #[derive(Debug, Clone)]
@@ -29,6 +29,9 @@ pub struct RedisOptions {
     pub timeout: Duration,
     /// The size of the in-memory cache of completed records for replays, in KiB (0: none).
     pub replay_cache: usize,
+    /// Completed results longer than this many bytes are stored once per tenant, as blobs
+    /// (`usize::MAX`: never). Default [`blob::DEFAULT_THRESHOLD`], 64 KiB.
+    pub blob_threshold: usize,
     /// How many replicas must acknowledge a new claim before its body runs (Redis `WAIT`; 0,
     /// the default, waits for none). A claim acknowledged by fewer within `wait_timeout` is a
     /// store error, and the body does not run.
@@ -77,6 +80,7 @@ impl RedisOptions {
             prefix: "idem".into(),
             timeout: Duration::from_secs(5),
             replay_cache: replay_cache::DEFAULT_CAPACITY,
+            blob_threshold: blob::DEFAULT_THRESHOLD,
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(100),
             tls_ca: None,
@@ -109,6 +113,7 @@ impl RedisOptions {
                 "replay_cache" => {
                     options.replay_cache = replay_cache::parse_capacity(value)?;
                 }
+                "blob_threshold" => options.blob_threshold = blob::parse_threshold(value)?,
                 "wait_replicas" => {
                     options.wait_replicas = value.parse().map_err(|_| {
                         format!("`wait_replicas` must be a number of replicas, not `{value}`")
@@ -122,7 +127,7 @@ impl RedisOptions {
                 _ => {
                     return Err(format!(
                         "unknown option `{name}`; known: `prefix`, `timeout_ms`, `replay_cache`, \
-                         `wait_replicas`, `wait_timeout_ms`, `tls_ca`, `tls_cert`, `tls_key`, \
+                         `blob_threshold`, `wait_replicas`, `wait_timeout_ms`, `tls_ca`, `tls_cert`, `tls_key`, \
                          `protocol`"
                     ));
                 }

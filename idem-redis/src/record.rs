@@ -8,8 +8,9 @@ use idem_core::fingerprint::Fingerprint;
 use idem_core::key::IdempotencyKey;
 use idem_core::store::{FencingToken, Record, RecordStatus};
 
-/// The layout version this build writes (kept in `PREFIX:meta`; 2 added the `unknown` status).
-pub const SCHEMA_VERSION: u32 = 2;
+/// The layout version this build writes (kept in `PREFIX:meta`; 2 added the `unknown` status,
+/// 3 the status `b` of a completed record whose result is a blob, and the blobs' keys).
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Offsets of the record layout (see the module docs).
 pub(super) mod layout {
@@ -21,6 +22,12 @@ pub(super) mod layout {
     pub const TOKEN: std::ops::Range<usize> = 81..100;
     pub const TOOL_LEN: std::ops::Range<usize> = 100..104;
     pub const HEADER: usize = 104;
+}
+
+/// Whether a record as `GET` found it keeps its result in a blob (status `b`): only the scripts
+/// read it whole.
+pub(super) fn in_blob(v: &[u8]) -> bool {
+    v.get(layout::STATUS) == Some(&b'b')
 }
 
 /// `PREFIX:{HEX(TENANT)}:HEX(KEY)`: hex keeps any tenant from forging a separator or a hash tag,
@@ -59,6 +66,13 @@ pub(super) fn decode_record(
         Some(b'i') => RecordStatus::InFlight,
         Some(b'c') => RecordStatus::Completed,
         Some(b'u') => RecordStatus::Unknown,
+        // A result in a blob: the scripts that read records whole (`whole`) put it back.
+        Some(b'b') => {
+            return Err(corrupt(
+                op,
+                "a record whose result is a blob was read without it",
+            ));
+        }
         _ => return Err(bad()),
     };
     Ok(Record {

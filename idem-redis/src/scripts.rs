@@ -8,6 +8,47 @@
 //! remaining time, and the settlements and renewals that change the record's expiry change
 //! the hash's in the same script (they name it from the record's key, which shares its slot).
 
+/// Blobs, as Lua functions: a completed result past the store's threshold lives once per tenant
+/// at `PREFIX:{TENANT_HEX}:blob:SHA256_HEX` (the tenant's hash tag, so its records' slot), a
+/// hash of the bytes (`d`) and how many records name it (`r`); such a record has the status
+/// `b` and the hash where a result would be. `keep` counts a record in (the blob lives at least
+/// as long as it, so nothing outlives its records when Redis expires them on its own), `let_go`
+/// counts one out (the last deletes it), `whole` reads a record as if its result were in it.
+macro_rules! blob_fns {
+    () => {
+        r"
+local function blob_key(k, hash) return string.sub(k, 1, #k - 64) .. 'blob:' .. hash end
+local function blob_of(k, v, head)
+  local data = redis.call('HGET', blob_key(k, string.sub(v, head + 1)), 'd')
+  if not data then
+    error({err = 'idem: a record names a blob that is gone (evicted? run Redis with ' ..
+      'maxmemory-policy noeviction)'})
+  end
+  return data
+end
+local function whole(k, v)
+  if string.sub(v, 33, 33) ~= 'b' then return v end
+  local head = 104 + tonumber(string.sub(v, 101, 104))
+  return string.sub(v, 1, 32) .. 'c' .. string.sub(v, 34, head) .. blob_of(k, v, head)
+end
+local function keep(k, hash, data, ttl)
+  local b = blob_key(k, hash)
+  redis.call('HSETNX', b, 'd', data)
+  redis.call('HINCRBY', b, 'r', 1)
+  if redis.call('PTTL', b) < tonumber(ttl) then redis.call('PEXPIRE', b, ttl) end
+end
+local function let_go(k, v)
+  if string.sub(v, 33, 33) ~= 'b' then return end
+  local head = 104 + tonumber(string.sub(v, 101, 104))
+  local b = blob_key(k, string.sub(v, head + 1))
+  if redis.call('EXISTS', b) == 1 and redis.call('HINCRBY', b, 'r', -1) <= 0 then
+    redis.call('DEL', b)
+  end
+end
+"
+    };
+}
+
 /// The claim of one key, as a Lua function (the body of [`CLAIM`] and [`CLAIM_BATCH`]).
 /// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight,
 /// 5 unknown. Arguments: the record's key, the fingerprint, now, the token, the lease's expiry,
@@ -27,6 +68,7 @@ local function claim(k, fp, now_arg, token, lease_at, expires, ttl, tool, orphan
     if status == 'c' then
       return {3, string.sub(v, 34, 49), string.sub(v, head + 1)}
     end
+    if status == 'b' then return {3, string.sub(v, 34, 49), blob_of(k, v, head)} end
     if string.sub(v, 82, 100) == token then
       if string.sub(v, 66, 81) == now_arg then return {0} end
       return {1}
@@ -45,6 +87,7 @@ local function claim(k, fp, now_arg, token, lease_at, expires, ttl, tool, orphan
       .. token .. string.sub(v, 101, head), 'KEEPTTL')
     return {1}
   end
+  if v then let_go(k, v) end
   redis.call('SET', k, fp .. 'i' .. expires .. lease_at .. now_arg .. token .. tool, 'PX', ttl)
   return {0}
 end
@@ -55,20 +98,24 @@ end
 /// The settlements of one key, as Lua functions (the bodies of [`COMPLETE`], [`RELEASE`] and
 /// [`SETTLE_BATCH`]). `complete` answers 2: applied, 1: applied by an earlier delivery of this
 /// very completion, 0: lost; `release` 1: deleted, 0: lost. Arguments: the record's key, the
-/// token, the result, the expiry, the TTL in ms and the status to settle as (`c` or `u`).
+/// token, the result, the expiry, the TTL in ms, the status to settle as (`c` or `u`) and the
+/// hash of the blob to keep the result in (empty: in the record).
 macro_rules! settle_fns {
     () => {
         r"
-local function complete(k, token, result, expires, ttl, status)
+local function complete(k, token, result, expires, ttl, status, hash)
   local v = redis.call('GET', k)
   if not v or string.sub(v, 82, 100) ~= token then return 0 end
   local head = 104 + tonumber(string.sub(v, 101, 104))
+  local stored = result
+  if hash ~= '' then stored, status = hash, 'b' end
   if string.sub(v, 33, 33) ~= 'i' then
-    if string.sub(v, 33, 33) == status and string.sub(v, head + 1) == result then return 1 end
+    if string.sub(v, 33, 33) == status and string.sub(v, head + 1) == stored then return 1 end
     return 0
   end
   redis.call('SET', k, string.sub(v, 1, 32) .. status .. expires .. string.sub(v, 50, head)
-    .. result, 'PX', ttl)
+    .. stored, 'PX', ttl)
+  if hash ~= '' then keep(k, hash, result, ttl) end
   redis.call('PEXPIRE', k .. ':stream', ttl)
   return 2
 end
@@ -87,6 +134,7 @@ end
 /// The claim of one key. ARGV: fingerprint, now, token, lease expiry, expiry, TTL in ms, the
 /// tool name with its length, the orphan policy (see `claim_fn!`).
 pub(super) const CLAIM: &str = concat!(
+    blob_fns!(),
     claim_fn!(),
     "return claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])\n"
 );
@@ -95,6 +143,7 @@ pub(super) const CLAIM: &str = concat!(
 /// TTL in ms, the tool name with its length, the orphan policy, then the fingerprint and the
 /// token of each key.
 pub(super) const CLAIM_BATCH: &str = concat!(
+    blob_fns!(),
     claim_fn!(),
     r"
 local out = {}
@@ -108,11 +157,13 @@ return out
 
 /// 1: applied (now, or by an earlier delivery of this very completion), 0: lost.
 /// ARGV: token, result, expiry, TTL in ms, the status to settle as (`c` or `u`), the channel
-/// to announce the settlement on (empty: none) and the notice (the key in hex).
+/// to announce the settlement on (empty: none), the notice (the key in hex) and the blob's hash
+/// (empty: none).
 pub(super) const COMPLETE: &str = concat!(
+    blob_fns!(),
     settle_fns!(),
     r"
-local done = complete(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+local done = complete(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[8])
 if done == 2 and ARGV[6] ~= '' then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
 if done == 0 then return 0 end
 return 1
@@ -162,6 +213,7 @@ return out
 /// 1: deleted, 0: lost. ARGV: token, the channel to announce the release on (empty: none) and
 /// the notice (the key in hex).
 pub(super) const RELEASE: &str = concat!(
+    blob_fns!(),
     settle_fns!(),
     r"
 local done = release(KEYS[1], ARGV[1])
@@ -171,18 +223,21 @@ return done
 );
 
 /// The settlements of a batch's keys, one answer per key in order (1: applied, 0: lost).
-/// ARGV: expiry, TTL in ms, then the token, the status (`c`, `u`, or `r` to release) and the
-/// result of each key.
+/// ARGV: expiry, TTL in ms, then the token, the status (`c`, `u`, or `r` to release), the
+/// result and the blob's hash (empty: none) of each key.
 pub(super) const SETTLE_BATCH: &str = concat!(
+    blob_fns!(),
     settle_fns!(),
     r"
 local out = {}
 for i = 1, #KEYS do
-  local token, status = ARGV[3 * i], ARGV[3 * i + 1]
+  local at = 4 * i - 1
+  local token, status = ARGV[at], ARGV[at + 1]
   if status == 'r' then
     out[i] = release(KEYS[i], token)
   else
-    out[i] = math.min(complete(KEYS[i], token, ARGV[3 * i + 2], ARGV[1], ARGV[2], status), 1)
+    out[i] = math.min(complete(KEYS[i], token, ARGV[at + 2], ARGV[1], ARGV[2], status,
+      ARGV[at + 3]), 1)
   end
 end
 return out
@@ -216,13 +271,15 @@ if ttl > 0 then redis.call('PEXPIRE', s, ttl) end
 return {1, n}
 ";
 
-/// A record and a page of its current token's stream. KEYS: the record, its stream. ARGV: the
-/// position of the first chunk, the most to read. Answers `{}` without a record, else the
-/// record and the chunks.
-pub(super) const READ_CHUNKS: &str = r"
+/// A record (as if its result were in it) and a page of its current token's stream. KEYS: the
+/// record, its stream. ARGV: the position of the first chunk, the most to read. Answers `{}`
+/// without a record, else the record and the chunks.
+pub(super) const READ_CHUNKS: &str = concat!(
+    blob_fns!(),
+    r"
 local v = redis.call('GET', KEYS[1])
 if not v then return {} end
-local out = {v}
+local out = {whole(KEYS[1], v)}
 if redis.call('HGET', KEYS[2], 't') == string.sub(v, 82, 100) then
   local from = tonumber(ARGV[1])
   local last = math.min(tonumber(redis.call('HGET', KEYS[2], 'n')), from + tonumber(ARGV[2])) - 1
@@ -234,4 +291,29 @@ if redis.call('HGET', KEYS[2], 't') == string.sub(v, 82, 100) then
   end
 end
 return out
-";
+"
+);
+
+/// A record, as if its result were in it, and its operator's note. KEYS: the record, its note.
+/// Answers `{}` without a record, else the record and the note (or nil).
+pub(super) const LOOKUP: &str = concat!(
+    blob_fns!(),
+    r"
+local v = redis.call('GET', KEYS[1])
+if not v then return {} end
+return {whole(KEYS[1], v), redis.call('GET', KEYS[2])}
+"
+);
+
+/// An operator's deletion of a record, whatever its state: its note and its stream's chunks go
+/// with it, and it lets go of its blob. KEYS: the record, its note. 1: deleted, 0: none.
+pub(super) const DELETE: &str = concat!(
+    blob_fns!(),
+    r"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+let_go(KEYS[1], v)
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[1] .. ':stream')
+return 1
+"
+);

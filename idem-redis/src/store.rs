@@ -18,6 +18,8 @@ pub struct RedisStore {
     pub(crate) prefix: std::sync::Arc<str>,
     pub(crate) scripts: std::sync::Arc<Scripts>,
     pub(crate) replays: std::sync::Arc<ReplayCache>,
+    /// Completed results longer than this are stored as blobs.
+    pub(crate) blob_threshold: usize,
     /// Whether the server takes `SET … NX GET` (Redis 7.0 and later): then a claim tries the
     /// plain command first (see the module docs).
     pub(crate) set_nx_get: bool,
@@ -48,6 +50,8 @@ pub(crate) struct Scripts {
     pub(crate) resolve: Script,
     pub(crate) append_chunks: Script,
     pub(crate) read_chunks: Script,
+    pub(crate) lookup: Script,
+    pub(crate) delete: Script,
 }
 
 impl std::fmt::Debug for RedisStore {

@@ -16,8 +16,10 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Default lease of an in-flight call: after it, a retry may take an orphaned call over.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-/// The default of [`IdemBuilder::max_result_bytes`]: 1 MiB.
-pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
+/// The default of [`IdemBuilder::max_result_bytes`]: 16 MiB. Results past the store's blob
+/// threshold (64 KiB by default) are stored once per tenant, apart from their records (see
+/// `idem_core::store::blob`), so a large result costs its bytes once, not a large record.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 16 << 20;
 
 /// The default of [`IdemBuilder::max_argument_bytes`]: 1 MiB of canonical JSON.
 pub const DEFAULT_MAX_ARGUMENT_BYTES: usize = 1 << 20;
@@ -188,9 +190,12 @@ impl Idem {
         self.inner.wait
     }
 
-    /// The largest result a record keeps.
+    /// The largest result a record keeps: the builder's [`IdemBuilder::max_result_bytes`], or
+    /// the store's own limit ([`Store::result_limit`]) if that is smaller.
     pub fn max_result_bytes(&self) -> usize {
-        self.inner.max_result_bytes
+        self.inner
+            .max_result_bytes
+            .min(self.inner.store.result_limit())
     }
 
     /// The largest argument list a keyed call fingerprints, as canonical JSON.
@@ -295,8 +300,9 @@ impl IdemBuilder {
         self
     }
 
-    /// The largest result a record keeps (default [`DEFAULT_MAX_RESULT_BYTES`]). A larger one is
-    /// never truncated: the call answers [`Error::ResultTooLarge`](idem_core::Error::ResultTooLarge),
+    /// The largest result a record keeps (default [`DEFAULT_MAX_RESULT_BYTES`]; a store with a
+    /// smaller limit of its own lowers it: [`Store::result_limit`]). A larger one is never
+    /// truncated: the call answers [`Error::ResultTooLarge`](idem_core::Error::ResultTooLarge),
     /// and so does every retry, since the effect happened and cannot be replayed.
     pub fn max_result_bytes(mut self, bytes: usize) -> Self {
         self.max_result_bytes = bytes;

@@ -52,6 +52,9 @@ impl Store for IdemStore {
     fn expires_on_its_own(&self) -> bool {
         self.0.expires_on_its_own()
     }
+    fn result_limit(&self) -> usize {
+        self.0.result_limit()
+    }
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
         self.0.claim(req)
     }

@@ -1,4 +1,4 @@
-//! The admin side of the SQLite store: delete, scan in (tenant, key) order, resolve.
+//! The admin side of the SQLite store: delete, scan in (tenant, key) order, resolve, blob usage.
 
 use rusqlite::params;
 
@@ -7,6 +7,7 @@ use super::claim::{Op, RECORD_COLUMNS, decode_record};
 use super::driver::{BACKEND, sql_error};
 use idem_core::key::IdempotencyKey;
 use idem_core::store::admin::{self as store_admin, AdminStore, Page, Resolution};
+use idem_core::store::blob::BlobUsage;
 use idem_core::store::{Fenced, StoreFuture, UnixMillis};
 
 impl AdminStore for SqliteStore {
@@ -48,6 +49,26 @@ impl AdminStore for SqliteStore {
                 Ok(records)
             })?;
             Ok(store_admin::page(records, limit))
+        })
+    }
+
+    fn blob_usage<'a>(&'a self, tenant: Option<&'a str>) -> StoreFuture<'a, BlobUsage> {
+        Box::pin(async move {
+            self.read(|conn| {
+                conn.prepare_cached(
+                    "SELECT count(*), coalesce(sum(length(data)), 0) FROM idem_blobs \
+                     WHERE ?1 IS NULL OR tenant = ?1",
+                )
+                .and_then(|mut s| {
+                    s.query_row(params![tenant], |r| {
+                        Ok(BlobUsage {
+                            blobs: r.get::<_, i64>(0)?.max(0) as u64,
+                            bytes: r.get::<_, i64>(1)?.max(0) as u64,
+                        })
+                    })
+                })
+                .map_err(|e| sql_error("blob_usage", e))
+            })
         })
     }
 

@@ -8,6 +8,7 @@ use rusqlite::{Connection, params};
 use super::driver::{BACKEND, bytes32, db_time, sql_error, status};
 use idem_core::fingerprint::Fingerprint;
 use idem_core::key::IdempotencyKey;
+use idem_core::store::blob::BlobHash;
 use idem_core::store::stream::{AppendAt, out_of_order};
 use idem_core::store::{
     Claim, Decision, Fenced, FencingToken, Held, Orphans, Record, RecordStatus, StreamPage,
@@ -15,11 +16,26 @@ use idem_core::store::{
 };
 use idem_core::{StoreError, StoreErrorKind};
 
-pub(super) const SELECT_HELD: &str = "SELECT fingerprint, status, lease_expires_at, expires_at, result \
-     FROM idem_records WHERE tenant = ?1 AND key = ?2";
+/// A record's result, wherever it is: in the record, or in the blob it names (a subquery of
+/// the same statement, so of the same snapshot).
+macro_rules! result_column {
+    () => {
+        "coalesce(result, (SELECT data FROM idem_blobs b \
+         WHERE b.tenant = idem_records.tenant AND b.hash = idem_records.blob))"
+    };
+}
 
-pub(super) const RECORD_COLUMNS: &str = "tenant, key, tool, fingerprint, status, token, \
-     lease_expires_at, created_at, expires_at, result, note";
+pub(super) const SELECT_HELD: &str = concat!(
+    "SELECT fingerprint, status, lease_expires_at, expires_at, ",
+    result_column!(),
+    " FROM idem_records WHERE tenant = ?1 AND key = ?2"
+);
+
+pub(super) const RECORD_COLUMNS: &str = concat!(
+    "tenant, key, tool, fingerprint, status, token, lease_expires_at, created_at, expires_at, ",
+    result_column!(),
+    ", note"
+);
 
 /// The condition of a record an operator may resolve (`?3` is now).
 pub(super) const BLOCKED: &str = "tenant = ?1 AND key = ?2 \
@@ -42,6 +58,8 @@ pub(super) enum Op {
         token: FencingToken,
         status: RecordStatus,
         result: Vec<u8>,
+        /// The blob the result is stored in, when it is past the store's threshold.
+        blob: Option<BlobHash>,
         expires_at: UnixMillis,
     },
     Renew {
@@ -218,6 +236,15 @@ pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
                 }
                 Decision::Insert => {
                     let token = FencingToken::generate();
+                    if held.is_some() {
+                        // An expired record: deleted first, so that its triggers let go of its
+                        // blob and chunks (a REPLACE deletes without running them).
+                        tx.prepare_cached(
+                            "DELETE FROM idem_records WHERE tenant = ?1 AND key = ?2",
+                        )
+                        .and_then(|mut s| s.execute(params![tenant, &key.as_bytes()[..]]))
+                        .map_err(|e| sql_error("claim", e))?;
+                    }
                     tx.prepare_cached(
                         "INSERT OR REPLACE INTO idem_records (tenant, key, tool, fingerprint, \
                          status, token, lease_expires_at, created_at, expires_at, result) \
@@ -270,46 +297,9 @@ pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
             token,
             status,
             result,
+            blob,
             expires_at,
-        } => {
-            let n = tx
-                .prepare_cached(
-                    "UPDATE idem_records SET status = ?6, result = ?4, expires_at = ?5 \
-                     WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
-                )
-                .and_then(|mut s| {
-                    s.execute(params![
-                        tenant,
-                        &key.as_bytes()[..],
-                        token.get() as i64,
-                        result,
-                        db_time(expires_at),
-                        status.as_str(),
-                    ])
-                })
-                .map_err(|e| sql_error("complete", e))?;
-            if n == 0 {
-                // Nothing changed: another owner holds the key, or this very completion was
-                // applied by an earlier attempt whose answer was lost.
-                let ours = tx
-                    .prepare_cached(
-                        "SELECT 1 FROM idem_records WHERE tenant = ?1 AND key = ?2 \
-                         AND token = ?3 AND status = ?4 AND result = ?5",
-                    )
-                    .and_then(|mut s| {
-                        s.exists(params![
-                            tenant,
-                            &key.as_bytes()[..],
-                            token.get() as i64,
-                            status.as_str(),
-                            result,
-                        ])
-                    })
-                    .map_err(|e| sql_error("complete", e))?;
-                return Ok(fenced(usize::from(ours)));
-            }
-            Ok(fenced(n))
-        }
+        } => complete(tx, &tenant, &key, token, status, &result, blob, expires_at),
         Op::Renew {
             tenant,
             key,
@@ -386,6 +376,67 @@ pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
             Ok(Reply::Purged(n))
         }
     }
+}
+
+/// Settles `key` as `status` with `result` if `token` owns its `in_flight` record: in the
+/// record, or in the `blob` it names (written in the same transaction if it is new).
+#[allow(clippy::too_many_arguments)]
+fn complete(
+    tx: &Connection,
+    tenant: &str,
+    key: &IdempotencyKey,
+    token: FencingToken,
+    status: RecordStatus,
+    result: &[u8],
+    blob: Option<BlobHash>,
+    expires_at: UnixMillis,
+) -> Result<Reply, StoreError> {
+    let err = |e| sql_error("complete", e);
+    let (key, token) = (&key.as_bytes()[..], token.get() as i64);
+    let hash = blob.as_ref().map(|h| &h.as_bytes()[..]);
+    // The record keeps the result, or NULL and the blob's hash.
+    let (inline, named) = match hash {
+        Some(hash) => (None, Some(hash)),
+        None => (Some(result), None),
+    };
+    let n = tx
+        .prepare_cached(
+            "UPDATE idem_records SET status = ?6, result = ?4, blob = ?7, expires_at = ?5 \
+             WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                tenant,
+                key,
+                token,
+                inline,
+                db_time(expires_at),
+                status.as_str(),
+                named,
+            ])
+        })
+        .map_err(err)?;
+    if n == 1 {
+        if let Some(hash) = hash {
+            tx.prepare_cached(
+                "INSERT INTO idem_blobs (tenant, hash, data) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (tenant, hash) DO NOTHING",
+            )
+            .and_then(|mut s| s.execute(params![tenant, hash, result]))
+            .map_err(err)?;
+        }
+        return Ok(fenced(1));
+    }
+    // Nothing changed: another owner holds the key, or this very completion was applied by an
+    // earlier attempt whose answer was lost.
+    let ours = tx
+        .prepare_cached(
+            "SELECT 1 FROM idem_records WHERE tenant = ?1 AND key = ?2 AND token = ?3 \
+             AND status = ?4 AND (result = ?5 OR blob = ?6)",
+        )
+        .and_then(|mut s| s.exists(params![tenant, key, token, status.as_str(), inline, named]))
+        .map_err(err)?;
+    Ok(fenced(usize::from(ours)))
 }
 
 /// Appends `chunks` at `first` to the stream of `key` if `token` owns its `in_flight` record

@@ -32,7 +32,12 @@
 //!   10 s; S3-FIFO eviction and TinyLFU admission, so cycling over more intents than fit keeps
 //!   a part of them answered from memory, and the other replays cost no copy into the cache).
 //!
-//! URL options: `sqlite://PATH?synchronous=full|normal&busy_timeout_ms=N&replay_cache=N`.
+//! - **Large results stored once.** A completed result longer than `blob_threshold` (64 KiB by
+//!   default) is kept in `idem_blobs`, once per tenant and SHA-256, counted by the records that
+//!   name it and deleted with the last of them, in the transaction that deletes it (see
+//!   [`idem_core::store::blob`]). SQLite keeps values of up to [`MAX_VALUE_BYTES`].
+//!
+//! URL options: `sqlite://PATH?synchronous=full|normal&busy_timeout_ms=N&replay_cache=N&blob_threshold=N|off`.
 //! `normal` survives a crash of the process but not a power loss; [`StoreHealth::durable`] says
 //! which you have. `replay_cache=0` turns the cache off.
 
@@ -42,6 +47,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use rusqlite::Connection;
 
 use idem_core::key::IdempotencyKey;
+use idem_core::store::blob;
 use idem_core::store::read_first::{ONE, ReadFirst};
 use idem_core::store::replay_cache::ReplayCache;
 use idem_core::store::{
@@ -50,6 +56,10 @@ use idem_core::store::{
     UnixMillis, Watch, Watchers, after, decide,
 };
 use idem_core::{StoreError, StoreErrorKind};
+
+/// The longest value SQLite stores, as it is built here (`SQLITE_MAX_LENGTH`): a result of the
+/// runtime is never longer.
+pub const MAX_VALUE_BYTES: usize = 1_000_000_000;
 
 mod admin;
 mod claim;
@@ -185,14 +195,15 @@ fn claim_op(req: &ClaimRequest<'_>) -> Op {
     }
 }
 
-/// The write a completion queues.
-fn complete_op(c: &Completion<'_>) -> Op {
+/// The write a completion queues: a result past `blob_threshold` goes to a blob.
+fn complete_op(c: &Completion<'_>, blob_threshold: usize) -> Op {
     Op::Complete {
         tenant: c.tenant.to_owned(),
         key: c.key,
         token: c.token,
         status: c.status,
         result: c.result.to_vec(),
+        blob: blob::stored_apart(c.status, c.result, blob_threshold),
         expires_at: after(c.now, c.ttl),
     }
 }
@@ -233,6 +244,11 @@ impl SqliteStore {
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    /// SQLite's own limit on a value (`SQLITE_MAX_LENGTH`, as it is built).
+    fn result_limit(&self) -> usize {
+        MAX_VALUE_BYTES
     }
 
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
@@ -293,7 +309,7 @@ impl Store for SqliteStore {
                 return Ok(Vec::new());
             }
             let ops = batch.items.iter().map(|item| match batch.completion(item) {
-                Some(completion) => complete_op(&completion),
+                Some(completion) => complete_op(&completion, self.shared.options.blob_threshold),
                 None => release_op(batch.tenant, item.key, item.token),
             });
             let answers = self.shared.write_fenced_batch(ops.collect()).await?;
@@ -308,7 +324,8 @@ impl Store for SqliteStore {
 
     fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let fenced = self.shared.write_fenced(complete_op(&c)).await?;
+            let op = complete_op(&c, self.shared.options.blob_threshold);
+            let fenced = self.shared.write_fenced(op).await?;
             if fenced == Fenced::Applied {
                 self.shared.watchers.settled(&c.key);
             }

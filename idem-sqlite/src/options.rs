@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use idem_core::store::replay_cache;
+use idem_core::store::{blob, replay_cache};
 
 /// How hard SQLite syncs a commit to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +25,9 @@ pub struct SqliteOptions {
     pub busy_timeout: Duration,
     /// The size of the in-memory cache of completed records for replays, in KiB (0: none).
     pub replay_cache: usize,
+    /// Completed results longer than this many bytes are stored once per tenant, as blobs
+    /// (`usize::MAX`: never).
+    pub blob_threshold: usize,
 }
 
 impl SqliteOptions {
@@ -35,6 +38,7 @@ impl SqliteOptions {
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(5),
             replay_cache: replay_cache::DEFAULT_CAPACITY,
+            blob_threshold: blob::DEFAULT_THRESHOLD,
         }
     }
 
@@ -60,6 +64,7 @@ impl SqliteOptions {
                 ("replay_cache", _) => {
                     options.replay_cache = replay_cache::parse_capacity(value)?;
                 }
+                ("blob_threshold", _) => options.blob_threshold = blob::parse_threshold(value)?,
                 ("busy_timeout_ms", v) => {
                     let ms: u64 = v.parse().map_err(|_| {
                         format!("`busy_timeout_ms` must be a whole number of milliseconds, not `{value}`")
@@ -68,7 +73,7 @@ impl SqliteOptions {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown option `{name}`; known: `synchronous`, `busy_timeout_ms`, `replay_cache`"
+                        "unknown option `{name}`; known: `synchronous`, `busy_timeout_ms`, `replay_cache`, `blob_threshold`"
                     ));
                 }
             }
@@ -83,8 +88,11 @@ mod tests {
 
     #[test]
     fn url_options_are_parsed_and_checked() {
-        let o = SqliteOptions::from_url_rest("data/idem.db?synchronous=normal&busy_timeout_ms=250")
-            .unwrap();
+        let o = SqliteOptions::from_url_rest(
+            "data/idem.db?synchronous=normal&busy_timeout_ms=250&blob_threshold=4096",
+        )
+        .unwrap();
+        assert_eq!(o.blob_threshold, 4096);
         assert_eq!(o.path, PathBuf::from("data/idem.db"));
         assert_eq!(o.synchronous, Synchronous::Normal);
         assert_eq!(o.busy_timeout, Duration::from_millis(250));

@@ -11,9 +11,9 @@ use idem_core::{StoreError, StoreErrorKind};
 
 /// The schema version this build writes (2 added the `unknown` status and the operator's
 /// `note`; 3 spells the status check as comparisons, for an `IN` list made SQLite build a
-/// temporary b-tree at every insert and update of a record; 4 added the chunks of streams;
-/// files of versions 1 to 3 are upgraded on open).
-pub const SCHEMA_VERSION: u32 = 4;
+/// temporary b-tree at every insert and update of a record; 4 added the chunks of streams; 5 the
+/// blobs of large results; files of versions 1 to 4 are upgraded on open).
+pub const SCHEMA_VERSION: u32 = 5;
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idem_meta (
@@ -33,6 +33,7 @@ CREATE TABLE IF NOT EXISTS idem_records (
     expires_at       INTEGER NOT NULL,
     result           BLOB,
     note             TEXT,
+    blob             BLOB,
     PRIMARY KEY (tenant, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at);
@@ -49,6 +50,32 @@ CREATE TABLE IF NOT EXISTS idem_chunks (
 CREATE TRIGGER IF NOT EXISTS idem_records_drop_chunks AFTER DELETE ON idem_records
 BEGIN
     DELETE FROM idem_chunks WHERE tenant = old.tenant AND key = old.key;
+END;
+-- Completed results past the threshold, once per tenant and SHA-256 (`blob`, in the records
+-- that name one): the completion that names a blob writes it if it is new, and these triggers
+-- delete it, in the transaction that deletes a record or makes it name another, when no record
+-- names it any more. No count to keep: SQLite rewrites a whole row, overflow pages and all, to
+-- change one column of it, so counting references in the blob's row would write the blob again
+-- at every completion that names it.
+CREATE TABLE IF NOT EXISTS idem_blobs (
+    tenant TEXT NOT NULL,
+    hash   BLOB NOT NULL,
+    data   BLOB NOT NULL,
+    PRIMARY KEY (tenant, hash)
+);
+CREATE INDEX IF NOT EXISTS idem_records_blob ON idem_records (tenant, blob)
+WHERE blob IS NOT NULL;
+CREATE TRIGGER IF NOT EXISTS idem_records_drop_blob AFTER DELETE ON idem_records
+WHEN old.blob IS NOT NULL
+BEGIN
+    DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob AND NOT EXISTS
+        (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob);
+END;
+CREATE TRIGGER IF NOT EXISTS idem_records_move_blob AFTER UPDATE OF blob ON idem_records
+WHEN old.blob IS NOT NULL AND old.blob IS NOT new.blob
+BEGIN
+    DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob AND NOT EXISTS
+        (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob);
 END;
 ";
 
@@ -176,12 +203,14 @@ pub(super) fn migrate(conn: &mut Connection, busy_timeout: Duration) -> Result<(
         }
         Some(v) if v == i64::from(SCHEMA_VERSION) => {}
         Some(v @ (1 | 2)) => upgrade(&tx, v)?,
-        Some(3) => tx
+        // The chunks' table (4) and the blobs' (5) are new; the records gain the blob's column.
+        Some(v @ (3 | 4)) => tx
             .execute_batch(&format!(
-                "{SCHEMA} UPDATE idem_meta SET value = {SCHEMA_VERSION} \
+                "ALTER TABLE idem_records ADD COLUMN blob BLOB; \
+                 {SCHEMA} UPDATE idem_meta SET value = {SCHEMA_VERSION} \
                  WHERE name = 'schema_version';"
             ))
-            .map_err(|e| sql_error("upgrading the schema from version 3", e))?,
+            .map_err(|e| sql_error(&format!("upgrading the schema from version {v}"), e))?,
         Some(v) if v > i64::from(SCHEMA_VERSION) => {
             return Err(StoreError::new(
                 BACKEND,
@@ -325,30 +354,50 @@ mod tests {
         assert!(err.to_string().contains("CHECK"), "{err}");
     }
 
-    #[tokio::test]
-    async fn a_version_3_file_is_upgraded_with_the_chunks_table() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("v3.db");
-        drop(SqliteStore::open_path(&path).unwrap());
-        let conn = Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "DROP TRIGGER idem_records_drop_chunks; DROP TABLE idem_chunks;
-             UPDATE idem_meta SET value = 3 WHERE name = 'schema_version';",
-        )
+    /// A file of version 3 or 4, made by this build and taken back: without the blobs (and,
+    /// for 3, the chunks).
+    fn older_file(path: &std::path::Path, version: u32) {
+        drop(SqliteStore::open_path(path).unwrap());
+        let conn = Connection::open(path).unwrap();
+        let chunks = if version == 3 {
+            "DROP TRIGGER idem_records_drop_chunks; DROP TABLE idem_chunks;"
+        } else {
+            ""
+        };
+        conn.execute_batch(&format!(
+            "{chunks} DROP TRIGGER idem_records_drop_blob; DROP TRIGGER idem_records_move_blob;
+             DROP INDEX idem_records_blob; DROP TABLE idem_blobs;
+             ALTER TABLE idem_records DROP COLUMN blob;
+             UPDATE idem_meta SET value = {version} WHERE name = 'schema_version';"
+        ))
         .unwrap();
-        drop(conn);
-        let store = SqliteStore::open_path(&path).unwrap();
-        assert_eq!(store.health().await.unwrap().schema_version, SCHEMA_VERSION);
-        let conn = Connection::open(&path).unwrap();
-        let made: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM sqlite_master WHERE name IN \
-                 ('idem_chunks', 'idem_records_drop_chunks')",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        assert_eq!(made, 2, "the table and its trigger");
+    }
+
+    #[tokio::test]
+    async fn versions_3_and_4_are_upgraded_with_the_chunks_and_the_blobs() {
+        for version in [3, 4] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("old.db");
+            older_file(&path, version);
+            let store = SqliteStore::open_path(&path).unwrap();
+            assert_eq!(store.health().await.unwrap().schema_version, SCHEMA_VERSION);
+            let conn = Connection::open(&path).unwrap();
+            let made: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE name IN ('idem_chunks', \
+                     'idem_records_drop_chunks', 'idem_blobs', 'idem_records_blob', \
+                     'idem_records_drop_blob', 'idem_records_move_blob')",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(
+                made, 6,
+                "version {version}: the tables, the index, the triggers"
+            );
+            conn.execute("UPDATE idem_records SET blob = NULL", [])
+                .expect("the records have the blob's column");
+        }
     }
 
     /// The status check is evaluated at every write of a record: spelled as an `IN` list, it

@@ -214,13 +214,24 @@ async fn postgres_version_1_schema_is_upgraded_with_its_records() {
     ))
     .await
     .get(0);
-    assert_eq!(version, 3, "upgraded to this build's version");
-    let chunks: bool = one(format!(
-        r#"SELECT to_regclass('"{schema}".idem_chunks') IS NOT NULL"#
+    assert_eq!(version, 4, "upgraded to this build's version");
+    let tables: bool = one(format!(
+        r#"SELECT to_regclass('"{schema}".idem_chunks') IS NOT NULL
+               AND to_regclass('"{schema}".idem_blobs') IS NOT NULL"#
     ))
     .await
     .get(0);
-    assert!(chunks, "the chunks of streams have their table");
+    assert!(
+        tables,
+        "the chunks of streams and the blobs have their tables"
+    );
+    let triggers: i64 = one(format!(
+        r#"SELECT count(*) FROM pg_trigger WHERE tgrelid = '"{schema}".idem_records'::regclass
+               AND tgname IN ('idem_records_drop_blob', 'idem_records_move_blob')"#
+    ))
+    .await
+    .get(0);
+    assert_eq!(triggers, 2, "the blobs' triggers");
     let kept: Vec<u8> = one(format!(
         r#"SELECT result FROM "{schema}".idem_records WHERE tenant = 'old'"#
     ))

@@ -23,6 +23,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use super::blob::BlobUsage;
 use super::{FencingToken, Record, RecordStatus, Store, StoreFuture, UnixMillis};
 use crate::error::{OpenError, redact_url};
 use crate::key::IdempotencyKey;
@@ -80,6 +81,15 @@ pub trait AdminStore: Store {
     /// dead-letter entry). Answers [`Fenced::Lost`](super::Fenced::Lost) when there was none.
     fn delete<'a>(&'a self, tenant: &'a str, key: IdempotencyKey)
     -> StoreFuture<'a, super::Fenced>;
+
+    /// How many blobs the store keeps (of `tenant` only, when given) and their bytes (see
+    /// [`blob`](super::blob)). The default answers
+    /// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported).
+    fn blob_usage<'a>(&'a self, tenant: Option<&'a str>) -> StoreFuture<'a, BlobUsage> {
+        let _ = tenant;
+        let error = super::stream::unsupported(self, "blob_usage");
+        Box::pin(async move { Err(error) })
+    }
 
     /// The server's clock, for comparing with the callers' (a claim's lease and TTL are
     /// measured by the caller's clock). `None` for embedded stores, whose clock is the caller's.

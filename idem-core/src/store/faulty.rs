@@ -186,6 +186,10 @@ impl<S: Store> Store for FaultyStore<S> {
         self.inner.backend()
     }
 
+    fn result_limit(&self) -> usize {
+        self.inner.result_limit()
+    }
+
     fn expires_on_its_own(&self) -> bool {
         self.inner.expires_on_its_own()
     }

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::sync::Arc;
 
 use super::admin::{self, AdminStore, Driver, Opened, Page, Resolution, invalid_url};
+use super::blob::{self, BlobHash, BlobUsage};
 use super::stream::{AppendAt, out_of_order};
 use super::{
     ChunkAppend, ChunkRead, Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken,
@@ -38,17 +39,32 @@ async fn open_url(url: &str) -> Opened {
 }
 
 /// A [`Store`] in process memory.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
-    tenants: Mutex<HashMap<String, HashMap<IdempotencyKey, Entry>>>,
+    tenants: Mutex<HashMap<String, Tenant>>,
     /// Callers waiting for a key to settle: woken by every completion and release.
     watchers: Watchers,
+    /// Completed results longer than this are stored once per tenant, as [`blob`]s.
+    blob_threshold: usize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            tenants: Mutex::default(),
+            watchers: Watchers::default(),
+            blob_threshold: blob::DEFAULT_THRESHOLD,
+        }
+    }
 }
 
 /// A record and the stream of chunks written under it: deleting the record drops them.
 #[derive(Debug)]
 struct Entry {
+    /// The record; a result stored as a blob is not in it, but in its tenant's blobs.
     record: Record,
+    /// The blob holding the record's result, if it is stored apart.
+    blob: Option<BlobHash>,
     /// The token whose chunks these are (a new holder's first append drops an older one's).
     stream_token: FencingToken,
     chunks: Vec<Vec<u8>>,
@@ -59,7 +75,85 @@ impl From<Record> for Entry {
         Entry {
             stream_token: record.token,
             record,
+            blob: None,
             chunks: Vec::new(),
+        }
+    }
+}
+
+/// A tenant's records, and the blobs they name with how many of them name each.
+#[derive(Debug, Default)]
+struct Tenant {
+    records: HashMap<IdempotencyKey, Entry>,
+    blobs: HashMap<BlobHash, (Vec<u8>, usize)>,
+}
+
+impl std::ops::Deref for Tenant {
+    type Target = HashMap<IdempotencyKey, Entry>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.records
+    }
+}
+
+impl std::ops::DerefMut for Tenant {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.records
+    }
+}
+
+impl Tenant {
+    /// Stores `entry` under `key`; a record it replaces lets go of its blob.
+    fn insert(&mut self, key: IdempotencyKey, entry: Entry) {
+        if let Some(old) = self.records.insert(key, entry) {
+            self.let_go(old.blob);
+        }
+    }
+
+    /// Deletes the record of `key`, letting go of its blob.
+    fn remove(&mut self, key: &IdempotencyKey) -> Option<Entry> {
+        let old = self.records.remove(key)?;
+        self.let_go(old.blob);
+        Some(old)
+    }
+
+    /// Settles `key`'s record with `result`: in the record, or in a blob it names.
+    fn settle(&mut self, key: &IdempotencyKey, result: &[u8], blob: Option<BlobHash>) {
+        if let Some(hash) = blob {
+            self.blobs
+                .entry(hash)
+                .or_insert_with(|| (result.to_vec(), 0))
+                .1 += 1;
+        }
+        let entry = self.records.get_mut(key).expect("a settled record");
+        let old = std::mem::replace(&mut entry.blob, blob);
+        entry.record.result = blob.is_none().then(|| result.to_vec());
+        self.let_go(old);
+    }
+
+    fn let_go(&mut self, blob: Option<BlobHash>) {
+        let Some(hash) = blob else { return };
+        if let Some((_, refs)) = self.blobs.get_mut(&hash) {
+            *refs -= 1;
+            if *refs == 0 {
+                self.blobs.remove(&hash);
+            }
+        }
+    }
+
+    /// The stored result of `entry`, wherever it is.
+    fn result(&self, entry: &Entry) -> Option<Vec<u8>> {
+        match entry.blob {
+            Some(hash) => self.blobs.get(&hash).map(|(data, _)| data.clone()),
+            None => entry.record.result.clone(),
+        }
+    }
+
+    /// `entry`'s record with its result, as a reader sees it.
+    fn record(&self, entry: &Entry) -> Record {
+        Record {
+            result: self.result(entry),
+            ..entry.record.clone()
         }
     }
 }
@@ -84,10 +178,16 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn with<T>(
-        &self,
-        f: impl FnOnce(&mut HashMap<String, HashMap<IdempotencyKey, Entry>>) -> T,
-    ) -> Result<T, StoreError> {
+    /// An empty store that keeps completed results longer than `bytes` as [`blob`]s (default
+    /// [`blob::DEFAULT_THRESHOLD`]).
+    pub fn with_blob_threshold(bytes: usize) -> Self {
+        MemoryStore {
+            blob_threshold: bytes,
+            ..Self::default()
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Tenant>) -> T) -> Result<T, StoreError> {
         let mut guard = self.tenants.lock().map_err(|_| {
             StoreError::new(
                 "memory",
@@ -111,7 +211,7 @@ impl MemoryStore {
                 }
                 Decision::InFlight { lease_expires_at } => Claim::InFlight { lease_expires_at },
                 Decision::Replay => Claim::Completed {
-                    result: records[&req.key].result.clone().unwrap_or_default(),
+                    result: records.result(&records[&req.key]).unwrap_or_default(),
                 },
                 Decision::Insert => {
                     let token = FencingToken::generate();
@@ -164,26 +264,29 @@ impl Store for MemoryStore {
 
     fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
+            let blob = blob::stored_apart(c.status, c.result, self.blob_threshold);
             let fenced = self.with(|tenants| {
-                match tenants.get_mut(c.tenant).and_then(|r| r.get_mut(&c.key)) {
-                    Some(record)
-                        if record.token == c.token && record.status == RecordStatus::InFlight =>
-                    {
-                        record.status = c.status;
-                        record.result = Some(c.result.to_vec());
-                        record.expires_at = after(c.now, c.ttl);
-                        Fenced::Applied
-                    }
-                    // This very completion, sent again after its answer was lost.
-                    Some(record)
-                        if record.token == c.token
-                            && record.status == c.status
-                            && record.result.as_deref() == Some(c.result) =>
-                    {
-                        Fenced::Applied
-                    }
-                    _ => Fenced::Lost,
+                let Some(records) = tenants.get_mut(c.tenant) else {
+                    return Fenced::Lost;
+                };
+                let Some(entry) = records.get_mut(&c.key) else {
+                    return Fenced::Lost;
+                };
+                if entry.record.token != c.token {
+                    return Fenced::Lost;
                 }
+                if entry.record.status == RecordStatus::InFlight {
+                    entry.record.status = c.status;
+                    entry.record.expires_at = after(c.now, c.ttl);
+                    records.settle(&c.key, c.result, blob);
+                    return Fenced::Applied;
+                }
+                // This very completion, sent again after its answer was lost?
+                let entry = &records[&c.key];
+                let same = entry.record.status == c.status
+                    && entry.blob == blob
+                    && records.result(entry).as_deref() == Some(c.result);
+                if same { Fenced::Applied } else { Fenced::Lost }
             })?;
             if fenced == Fenced::Applied {
                 self.watchers.settled(&c.key);
@@ -236,7 +339,8 @@ impl Store for MemoryStore {
     fn read_chunks<'a>(&'a self, r: ChunkRead<'a>) -> StoreFuture<'a, Option<StreamPage>> {
         Box::pin(async move {
             self.with(|tenants| {
-                let entry = tenants.get(r.tenant).and_then(|t| t.get(&r.key))?;
+                let records = tenants.get(r.tenant)?;
+                let entry = records.get(&r.key)?;
                 let chunks = if entry.stream_token == entry.record.token {
                     let from = usize::try_from(r.from).unwrap_or(usize::MAX);
                     entry
@@ -250,7 +354,7 @@ impl Store for MemoryStore {
                     Vec::new()
                 };
                 Some(StreamPage {
-                    record: entry.record.clone(),
+                    record: records.record(entry),
                     chunks,
                 })
             })
@@ -290,10 +394,8 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
             self.with(|tenants| {
-                tenants
-                    .get(tenant)
-                    .and_then(|r| r.get(&key))
-                    .map(|e| e.record.clone())
+                let records = tenants.get(tenant)?;
+                records.get(&key).map(|e| records.record(e))
             })
         })
     }
@@ -365,9 +467,9 @@ impl AdminStore for MemoryStore {
                 .map(|c| admin::parse_cursor(c, "memory"))
                 .transpose()?;
             self.with(|tenants| {
-                let mut all: Vec<&Record> = tenants
+                let mut all: Vec<Record> = tenants
                     .values()
-                    .flat_map(|records| records.values().map(|e| &e.record))
+                    .flat_map(|records| records.values().map(|e| records.record(e)))
                     .filter(|r| tenant.is_none_or(|t| r.tenant == t))
                     .filter(|r| {
                         after.as_ref().is_none_or(|(t, k)| {
@@ -378,9 +480,28 @@ impl AdminStore for MemoryStore {
                 all.sort_by(|a, b| {
                     (&a.tenant, a.key.as_bytes()).cmp(&(&b.tenant, b.key.as_bytes()))
                 });
-                let records: Vec<Record> =
-                    all.into_iter().take(limit.max(1) + 1).cloned().collect();
+                let records: Vec<Record> = all.into_iter().take(limit.max(1) + 1).collect();
                 admin::page(records, limit.max(1))
+            })
+        })
+    }
+
+    fn blob_usage<'a>(&'a self, tenant: Option<&'a str>) -> StoreFuture<'a, BlobUsage> {
+        Box::pin(async move {
+            self.with(|tenants| {
+                let mut usage = BlobUsage::default();
+                for (_, records) in tenants
+                    .iter()
+                    .filter(|(t, _)| tenant.is_none_or(|x| x == *t))
+                {
+                    usage.blobs += records.blobs.len() as u64;
+                    usage.bytes += records
+                        .blobs
+                        .values()
+                        .map(|(d, _)| d.len() as u64)
+                        .sum::<u64>();
+                }
+                usage
             })
         })
     }
@@ -403,9 +524,9 @@ impl AdminStore for MemoryStore {
                         match resolution {
                             Resolution::Complete { result } => {
                                 record.status = RecordStatus::Completed;
-                                record.result = Some(result.to_vec());
                                 record.token = admin::RESOLVED_TOKEN;
                                 record.note = Some(reason.to_owned());
+                                records.settle(&key, result, None);
                             }
                             Resolution::Release => {
                                 records.remove(&key);

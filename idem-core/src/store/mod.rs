@@ -3,7 +3,8 @@
 //! [`Store`] is the small async trait every backend implements: claim, complete, renew,
 //! release, lookup, purge and a health check (and, for [`batch`]es, the claims and the
 //! settlements of many keys in one round trip, item by item unless a backend does better; for
-//! [`stream`]s, the chunks of a call recorded and read back). The decision of a claim is made by one function,
+//! [`stream`]s, the chunks of a call recorded and read back). Results past a threshold are
+//! stored once, as [`blob`]s. The decision of a claim is made by one function,
 //! [`decide`], that every backend calls on the record it holds, inside its own atomic section,
 //! so the table below is written once:
 //!
@@ -31,6 +32,7 @@ use crate::key::IdempotencyKey;
 
 pub mod admin;
 pub mod batch;
+pub mod blob;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 mod decide;
@@ -74,6 +76,13 @@ pub trait Store: Send + Sync {
     /// [`Store::purge_expired`] has nothing to do.
     fn expires_on_its_own(&self) -> bool {
         false
+    }
+
+    /// The longest result the store can keep, in bytes (`usize::MAX`, the default: no limit of
+    /// its own). The runtime keeps no result longer than this, whatever its own limit: a longer
+    /// one is refused with a clear error, never stored truncated.
+    fn result_limit(&self) -> usize {
+        usize::MAX
     }
 
     /// Claims a key (see the module docs for the decision table).
@@ -169,6 +178,9 @@ macro_rules! forward_store {
             }
             fn expires_on_its_own(&self) -> bool {
                 (**self).expires_on_its_own()
+            }
+            fn result_limit(&self) -> usize {
+                (**self).result_limit()
             }
             fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
                 (**self).claim(req)

@@ -1,6 +1,7 @@
 //! What fails closed before the body runs, and what says that the body ran.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use idem::{Error, Idem, idempotent};
@@ -160,7 +161,38 @@ async fn a_result_too_large_to_keep_is_an_error_never_truncated_and_never_run_tw
             .unwrap()
             .is_replayed()
     );
-    assert_eq!(idem::DEFAULT_MAX_RESULT_BYTES, 1 << 20);
+    assert_eq!(idem::DEFAULT_MAX_RESULT_BYTES, 16 << 20);
+}
+
+#[tokio::test]
+async fn a_store_with_a_smaller_limit_of_its_own_lowers_the_runtimes() {
+    let store = Arc::new(CountingStore::default());
+    store.result_limit.store(2048, Ordering::SeqCst);
+    let idem = Idem::with_store(store.clone());
+    assert_eq!(idem.max_result_bytes(), 2048, "the smaller of the two");
+    let tenant = idem.scope("tenant-a");
+    let run = unique("run");
+    let err = tenant.run(big_report(run.clone(), 4096)).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::ResultTooLarge {
+                limit: 2048,
+                replayed: false,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let again = tenant.run(big_report(run.clone(), 4096)).await.unwrap_err();
+    assert!(
+        matches!(again, Error::ResultTooLarge { replayed: true, .. }),
+        "{again:?}"
+    );
+    assert_eq!(effects(&run), 1, "never truncated, never run twice");
+    // A store's limit above the runtime's leaves the runtime's.
+    store.result_limit.store(usize::MAX - 1, Ordering::SeqCst);
+    assert_eq!(idem.max_result_bytes(), idem::DEFAULT_MAX_RESULT_BYTES);
 }
 
 #[tokio::test]

@@ -101,6 +101,8 @@ pub struct CountingStore {
     pub fail_completions_left: AtomicUsize,
     pub fail_renewals: std::sync::atomic::AtomicBool,
     pub fail_claims: AtomicUsize,
+    /// The longest result the store says it keeps (0: no limit of its own).
+    pub result_limit: AtomicUsize,
 }
 
 impl CountingStore {
@@ -115,6 +117,12 @@ impl CountingStore {
 impl Store for CountingStore {
     fn backend(&self) -> &'static str {
         "counting"
+    }
+    fn result_limit(&self) -> usize {
+        match self.result_limit.load(Ordering::SeqCst) {
+            0 => usize::MAX,
+            limit => limit,
+        }
     }
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
         self.tick();

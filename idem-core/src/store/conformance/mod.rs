@@ -12,6 +12,7 @@
 
 mod admin;
 mod batches;
+mod blobs;
 mod claims;
 mod records;
 mod streams;
@@ -19,6 +20,7 @@ mod support;
 
 pub use self::admin::*;
 pub use self::batches::*;
+pub use self::blobs::*;
 pub use self::claims::*;
 pub use self::records::*;
 pub use self::streams::*;
@@ -78,7 +80,10 @@ macro_rules! admin_conformance_tests {
     (maybe: $make:expr) => {
         $crate::store_conformance_tests!(@each dyn $crate::store::admin::AdminStore; $make;
             scan_walks_a_tenant_in_pages,
-            resolve_settles_only_blocked_records
+            resolve_settles_only_blocked_records,
+            large_results_are_stored_once_per_tenant,
+            the_last_record_naming_a_blob_deletes_it,
+            only_the_holder_writes_a_blob
         );
     };
     ($make:expr) => {
