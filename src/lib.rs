@@ -64,6 +64,7 @@
 //! | a duplicate that waits for the first call's result | [Duplicates that wait](https://github.com/idem-rs/idem/blob/main/guide/src/waiting.md) |
 //! | a key and an outcome per item, one round trip | [Batches](https://github.com/idem-rs/idem/blob/main/guide/src/batches.md) |
 //! | streaming tools: chunks recorded, replayed, followed | [Streams](https://github.com/idem-rs/idem/blob/main/guide/src/streams.md) |
+//! | large results stored once, content-addressed | [Large results](https://github.com/idem-rs/idem/blob/main/guide/src/large-results.md) |
 //! | the `Idempotency-Key` layer and client | [HTTP](https://github.com/idem-rs/idem/blob/main/guide/src/http.md) |
 //! | the `idem` command, telemetry | [Operating](https://github.com/idem-rs/idem/blob/main/guide/src/operating.md) |
 //! | a failing store, fuzzing, a soak | [Testing your tools](https://github.com/idem-rs/idem/blob/main/guide/src/testing.md) |

@@ -28,6 +28,7 @@ doctests! {
     GuideWaiting => "../../guide/src/waiting.md",
     GuideBatches => "../../guide/src/batches.md",
     GuideStreams => "../../guide/src/streams.md",
+    GuideLargeResults => "../../guide/src/large-results.md",
     GuideHttp => "../../guide/src/http.md",
     GuideOperating => "../../guide/src/operating.md",
     GuideTesting => "../../guide/src/testing.md",

@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Each example, and the package folder its source is in, relative to the workspace root.
-const EXAMPLES: [(&str, &str); 8] = [
+const EXAMPLES: [(&str, &str); 9] = [
     ("register_payment", "."),
     ("set_status", "."),
     ("assign_shift", "."),
     ("duplicate_waits", "."),
     ("charge_invoices", "."),
     ("stream_report", "."),
+    ("large_result", "."),
     ("payments_agent", "integration"),
     // An MCP server over stdio: with no client (stdin closed) it ends after opening its store.
     ("mcp_server", "integration"),
