@@ -3,7 +3,7 @@
 //! `guide/src/benchmarks/chart.svg` (calls/s against concurrent callers, per backend).
 //!
 //! ```text
-//! cargo run -p bench-report -- --run     # runs `cargo bench` for sqlite, shared, http, wait, batch, stream, then writes
+//! cargo run -p bench-report -- --run     # runs `cargo bench` for sqlite, shared, http, wait, batch, stream, large, then writes
 //! cargo run -p bench-report              # writes from the results of an earlier `cargo bench`
 //! ```
 //!
@@ -42,6 +42,11 @@ impl Results {
     /// The figures of the `stream` bench (`stream.json`), one object per store.
     fn streams(&self) -> Option<Vec<serde_json::Value>> {
         serde_json::from_slice(&std::fs::read(self.dir.join("stream.json")).ok()?).ok()
+    }
+
+    /// The figures of the `large` bench (`large.json`), one object per store.
+    fn large(&self) -> Option<Vec<serde_json::Value>> {
+        serde_json::from_slice(&std::fs::read(self.dir.join("large.json")).ok()?).ok()
     }
 
     /// The figures of the `wait` bench (`wait.json`), one object per store.
@@ -513,6 +518,40 @@ fn markdown(results: &Results) -> String {
             ));
         }
     }
+    if let Some(large) = results.large() {
+        out.push_str("\n## Large results\n\n");
+        out.push_str(
+            "A fresh call returning 1 KiB (kept in its record) against one returning 1 MiB of new \
+             bytes (a new blob: SHA-256, written with the completion) and one returning the same \
+             1 MiB as every call before it (the record names the blob), then both replayed; 10 \
+             calls of new keys a mode a round, the modes alternating round by round; the time a \
+             call is the median over the rounds, the ratio the median of the rounds' ratios \
+             (`benches/large.rs`).\n\n",
+        );
+        out.push_str(
+            "| store | fresh, 1 KiB | fresh, 1 MiB new | ratio | fresh, 1 MiB stored before | ratio | replay, 1 KiB | replay, 1 MiB | ratio |\n|---|---|---|---|---|---|---|---|---|\n",
+        );
+        for l in large {
+            let ms = |name: &str| {
+                l["modes"][name]["ms"]
+                    .as_f64()
+                    .map_or("—".into(), |v| format!("{v:.2} ms"))
+            };
+            let ratio = |key: &str| l[key].as_f64().map_or("—".into(), |v| format!("{v:.1}×"));
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                l["store"].as_str().unwrap_or("?"),
+                ms("fresh, 1 KiB"),
+                ms("fresh, 1 MiB new"),
+                ratio("ratio_new"),
+                ms("fresh, 1 MiB stored before"),
+                ratio("ratio_stored"),
+                ms("replay, 1 KiB"),
+                ms("replay, 1 MiB"),
+                ratio("ratio_replay"),
+            ));
+        }
+    }
     if !missing.is_empty() {
         out.push_str(&format!(
             "\nNo results for {} in this run (set `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL`).\n",
@@ -609,6 +648,8 @@ fn main() -> ExitCode {
                 "batch",
                 "--bench",
                 "stream",
+                "--bench",
+                "large",
             ])
             .status();
         if !status.is_ok_and(|s| s.success()) {

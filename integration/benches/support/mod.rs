@@ -458,6 +458,9 @@ mod counted {
         fn backend(&self) -> &'static str {
             self.inner.backend()
         }
+        fn result_limit(&self) -> usize {
+            self.inner.result_limit()
+        }
         fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
             self.call();
             self.counts.claims.fetch_add(1, Ordering::Relaxed);

@@ -303,3 +303,37 @@ async fn without_its_optional_key_a_call_runs_unprotected_and_commits_its_writes
     assert_eq!(db.rows(&run, "o").await, 3, "the keyed calls wrote once");
     db.drop().await;
 }
+
+#[tokio::test]
+async fn a_large_result_commits_as_a_blob_with_the_writes_and_replays_whole() {
+    let Some(db) = Db::new().await else { return };
+    let idem = db.idem().await;
+    let scope = idem.scope("tenant-tx-large");
+    let run = common::unique("run");
+    // An item name of 200 KiB: the order returned is past the blob threshold.
+    let item = "b".repeat(200 << 10);
+    let first = scope
+        .run(create_order(run.clone(), "s1".into(), item.clone(), 2))
+        .await
+        .expect("first call");
+    assert!(first.is_fresh());
+    let again = scope
+        .run(create_order(run.clone(), "s1".into(), item, 2))
+        .await
+        .expect("retry");
+    assert!(again.is_replayed());
+    assert_eq!(again.value(), first.value(), "replayed whole");
+    assert_eq!(db.rows(&run, "s1").await, 1);
+    let admin = idem::store::admin::open(&db.store_url(""))
+        .await
+        .expect("open");
+    let usage = admin
+        .blob_usage(Some("tenant-tx-large"))
+        .await
+        .expect("usage");
+    assert_eq!(
+        usage.blobs, 1,
+        "the result is a blob, committed with the order"
+    );
+    db.drop().await;
+}

@@ -118,6 +118,25 @@ async fn the_writes_and_the_record_commit_once_and_errors_roll_back() {
     }
     assert_eq!(db.rows(&run, "s3").await, 0, "the savepoint took it back");
     assert_eq!(common::effects(&format!("{run}/s3")), 1);
+
+    // A result past the blob threshold commits as a blob with the order, and replays whole.
+    let item = "b".repeat(200 << 10);
+    let large = scope
+        .run(create_order(run.clone(), "s4".into(), item.clone(), 2))
+        .await
+        .expect("large");
+    assert!(large.is_fresh());
+    let again = scope
+        .run(create_order(run.clone(), "s4".into(), item, 2))
+        .await
+        .expect("retry");
+    assert!(again.is_replayed());
+    assert_eq!(again.value(), large.value());
+    let admin = idem::store::admin::open(&db.store_url(""))
+        .await
+        .expect("open");
+    let usage = admin.blob_usage(Some("tenant-tx")).await.expect("usage");
+    assert_eq!(usage.blobs, 1);
     db.drop().await;
 }
 
