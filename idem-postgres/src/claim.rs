@@ -52,15 +52,6 @@ const CLAIM_TYPES: &[Type] = &[
 ];
 const KEY_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA];
 const FENCED_TYPES: &[Type] = &[Type::TEXT, Type::BYTEA, Type::INT8];
-/// tenant, key, token, result, expiry, status.
-const COMPLETION_TYPES: &[Type] = &[
-    Type::TEXT,
-    Type::BYTEA,
-    Type::INT8,
-    Type::BYTEA,
-    Type::INT8,
-    Type::TEXT,
-];
 /// tenant, key, token, result, expiry, status, the blob's hash.
 const BLOB_COMPLETION_TYPES: &[Type] = &[
     Type::TEXT,
@@ -71,6 +62,8 @@ const BLOB_COMPLETION_TYPES: &[Type] = &[
     Type::TEXT,
     Type::BYTEA,
 ];
+/// tenant, key, token, result, expiry, status: a completion that names no blob.
+const COMPLETION_TYPES: &[Type] = BLOB_COMPLETION_TYPES.split_at(6).0;
 
 fn statement(sql: String, types: &'static [Type]) -> Statement {
     Statement { sql, types }

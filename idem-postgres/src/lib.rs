@@ -480,17 +480,6 @@ impl Store for PostgresStore {
                 // A result stored as a blob is written by the completion of its own key.
                 return batch::settle_each(self, batch).await;
             }
-            let threshold = self.inner.blob_threshold;
-            let with_blob = batch.items.iter().any(|item| match item.settle {
-                Settle::Complete { status, result } => {
-                    blob::stored_apart(status, result, threshold).is_some()
-                }
-                Settle::Release => false,
-            });
-            if with_blob {
-                // A result stored as a blob is written by the completion of its own key.
-                return batch::settle_each(self, batch).await;
-            }
             let order = by_key(batch.items, |item| item.key);
             let items = || order.iter().map(|&i| &batch.items[i]);
             let keys: Vec<&[u8]> = items().map(|item| &item.key.as_bytes()[..]).collect();

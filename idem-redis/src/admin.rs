@@ -1,6 +1,7 @@
 //! The admin side of the Redis store: delete (a script, which lets go of a blob), scan by
 //! prefix, resolve (a fenced script), blob usage.
 
+use super::connection::Connection;
 use super::driver::{BACKEND, redis_error, time_arg};
 use super::record::parse_record_key;
 use super::store::RedisStore;
@@ -43,6 +44,55 @@ end
 return 1
 ";
 
+impl RedisStore {
+    /// The `SCAN` pattern of `tenant`'s keys `PREFIX:{TENANT}:rest`, or of every tenant's when
+    /// `tenant` is `None`: refused on a cluster, whose tenants live on different primaries
+    /// (`one_at_a_time` says what to do instead).
+    fn keys_of(
+        &self,
+        tenant: Option<&str>,
+        rest: &str,
+        op: &str,
+        one_at_a_time: &str,
+    ) -> Result<String, StoreError> {
+        match tenant {
+            Some(t) => Ok(format!(
+                "{}:{{{}}}:{rest}",
+                self.prefix,
+                idem_core::hex::encode(t.as_bytes())
+            )),
+            None if self.conn.is_cluster() => Err(StoreError::new(
+                BACKEND,
+                StoreErrorKind::Other,
+                format!("{op}: on a Redis Cluster, {one_at_a_time}"),
+            )),
+            None => Ok(format!("{}:{{*}}:{rest}", self.prefix)),
+        }
+    }
+}
+
+/// One step of a `SCAN` of `pattern` from `position`, on the primary that holds the pattern's
+/// slot (a tenant's, on a cluster): the next position (0 at the end) and the names found.
+async fn scan_step(
+    conn: &mut Connection,
+    pattern: &str,
+    position: u64,
+    op: &str,
+) -> Result<(u64, Vec<String>), StoreError> {
+    let mut scan = redis::cmd("SCAN");
+    scan.arg(position)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        // MATCH filters after the walk: big steps keep a tenant's scan of a large keyspace to
+        // few round trips.
+        .arg(10_000);
+    conn.on_primary_of(pattern, &scan)
+        .await
+        .and_then(|v| redis::from_redis_value(v).map_err(redis::RedisError::from))
+        .map_err(|e| redis_error(op, e))
+}
+
 impl AdminStore for RedisStore {
     fn delete<'a>(&'a self, tenant: &'a str, key: IdempotencyKey) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
@@ -64,36 +114,12 @@ impl AdminStore for RedisStore {
     fn blob_usage<'a>(&'a self, tenant: Option<&'a str>) -> StoreFuture<'a, BlobUsage> {
         Box::pin(async move {
             const OP: &str = "blob_usage";
-            let pattern = match tenant {
-                Some(t) => format!(
-                    "{}:{{{}}}:blob:*",
-                    self.prefix,
-                    idem_core::hex::encode(t.as_bytes())
-                ),
-                None if self.conn.is_cluster() => {
-                    return Err(StoreError::new(
-                        BACKEND,
-                        StoreErrorKind::Other,
-                        "blob_usage: on a Redis Cluster, ask for one tenant at a time",
-                    ));
-                }
-                None => format!("{}:{{*}}:blob:*", self.prefix),
-            };
+            let pattern = self.keys_of(tenant, "blob:*", OP, "ask for one tenant at a time")?;
             let mut conn = self.conn.clone();
             let mut usage = BlobUsage::default();
             let mut position: u64 = 0;
             loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(position)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(10_000);
-                let (next, names): (u64, Vec<String>) = conn
-                    .on_primary_of(&pattern, &scan)
-                    .await
-                    .and_then(|v| redis::from_redis_value(v).map_err(redis::RedisError::from))
-                    .map_err(|e| redis_error(OP, e))?;
+                let (next, names) = scan_step(&mut conn, &pattern, position, OP).await?;
                 for name in names {
                     let bytes: u64 = redis::cmd("HSTRLEN")
                         .arg(&name)
@@ -133,22 +159,12 @@ impl AdminStore for RedisStore {
     ) -> StoreFuture<'a, Page> {
         Box::pin(async move {
             const OP: &str = "scan";
-            let pattern = match tenant {
-                Some(t) => format!(
-                    "{}:{{{}}}:*",
-                    self.prefix,
-                    idem_core::hex::encode(t.as_bytes())
-                ),
-                None if self.conn.is_cluster() => {
-                    return Err(StoreError::new(
-                        BACKEND,
-                        StoreErrorKind::Other,
-                        "scan: on a Redis Cluster, list one tenant at a time (its records share \
-                         one node)",
-                    ));
-                }
-                None => format!("{}:{{*}}:*", self.prefix),
-            };
+            let pattern = self.keys_of(
+                tenant,
+                "*",
+                OP,
+                "list one tenant at a time (its records share one node)",
+            )?;
             let mut position: u64 = match cursor {
                 Some(c) => c.parse().map_err(|_| {
                     StoreError::new(
@@ -162,19 +178,7 @@ impl AdminStore for RedisStore {
             let mut records = Vec::new();
             let mut conn = self.conn.clone();
             loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(position)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    // MATCH filters after the walk: big steps keep a tenant's scan of a large
-                    // keyspace to few round trips.
-                    .arg(10_000);
-                let (next, names): (u64, Vec<String>) = conn
-                    .on_primary_of(&pattern, &scan)
-                    .await
-                    .and_then(|v| redis::from_redis_value(v).map_err(redis::RedisError::from))
-                    .map_err(|e| redis_error(OP, e))?;
+                let (next, names) = scan_step(&mut conn, &pattern, position, OP).await?;
                 for name in names
                     .iter()
                     .filter(|n| !n.ends_with(":note") && !n.ends_with(":stream"))

@@ -142,12 +142,6 @@ fn measure(store: &'static str, url: &str, rounds: usize) -> Figures {
     })
 }
 
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
 fn main() {
     if !support::wanted("batch") {
         return;
@@ -159,7 +153,7 @@ fn main() {
         let f = measure(name, &url, rounds);
         let mut modes = serde_json::Map::new();
         for (mode, label) in MODES.iter().enumerate() {
-            let seconds = median(&f.seconds[mode]);
+            let seconds = support::median(&f.seconds[mode]);
             let calls = f.calls[mode].iter().max().copied().unwrap_or(0);
             let items_per_s = ITEMS as f64 / seconds;
             println!(

@@ -50,12 +50,6 @@ const MODES: [&str; 5] = [
     "replay, 1 MiB",
 ];
 
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
 fn main() {
     if !support::wanted("large") {
         return;
@@ -108,7 +102,7 @@ fn main() {
         });
         let mut modes = serde_json::Map::new();
         for (mode, label) in MODES.iter().enumerate() {
-            let s = median(&seconds[mode]);
+            let s = support::median(&seconds[mode]);
             println!(
                 "large/{store}/{label}: {:.3} ms a call (median of {}), {} store round trips \
                  for {CALLS} calls",
@@ -121,7 +115,7 @@ fn main() {
                 serde_json::json!({"ms": s * 1e3, "round_trips": calls[mode]}),
             );
         }
-        let [new, stored, replay] = ratios.map(|r| median(&r));
+        let [new, stored, replay] = ratios.map(|r| support::median(&r));
         println!(
             "large/{store}: 1 MiB over 1 KiB, time a call: {new:.1}x fresh (new bytes), \
              {stored:.1}x fresh (bytes stored before), {replay:.1}x replayed (medians of the \

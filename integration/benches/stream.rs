@@ -94,12 +94,6 @@ const MODES: [&str; 5] = [
     "replayed",
 ];
 
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
 /// The peak resident set since the last reset, in KiB (`VmHWM`).
 fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -213,7 +207,7 @@ fn main() {
         });
         let mut modes = serde_json::Map::new();
         for (mode, label) in MODES.iter().enumerate() {
-            let s = median(&seconds[mode]);
+            let s = support::median(&seconds[mode]);
             let per_s = f64::from(CHUNKS) / s;
             println!(
                 "stream/{store}/{label}: {per_s:.0} chunks/s of 1 KiB ({:.2} ms for {CHUNKS}, \
@@ -227,7 +221,7 @@ fn main() {
                 serde_json::json!({"chunks_per_s": per_s, "ms": s * 1e3, "round_trips": calls[mode]}),
             );
         }
-        let (ratio, paced) = (median(&ratios), median(&paced_ratios));
+        let (ratio, paced) = (support::median(&ratios), support::median(&paced_ratios));
         println!(
             "stream/{store}: recorded over unrecorded, chunks/s: {ratio:.3}x as fast as the body \
              can, {paced:.3}x paced at one a millisecond (medians of the rounds' ratios)"

@@ -391,6 +391,14 @@ pub fn wanted(name: &str) -> bool {
     filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))
 }
 
+/// The median of `values` (the upper one of an even count), for the benches that time rounds
+/// themselves.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
 /// The stores a bench runs against, by name and URL: a SQLite file `file` in a new temporary
 /// folder (kept while the returned guard lives), then Postgres and Redis when
 /// `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL` name them (said on stdout when they do not).
