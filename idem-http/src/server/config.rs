@@ -122,6 +122,13 @@ impl Config {
              429 are not kept: a corrected retry runs.",
             ttl.as_secs() / 3600
         );
+        out.push_str(
+            "- Streamed responses (`text/event-stream`, or a chunked body): each frame is \
+             recorded before it is sent. A request with the key of a response still being \
+             streamed receives its status, headers and frames so far, then the rest as they \
+             come; one that comes after it, the whole stream again. A stream that broke off is \
+             cut short, never ended as if complete.\n",
+        );
         let _ = writeln!(
             out,
             "- Request bodies over {} bytes: 413. Errors are `application/problem+json`.",

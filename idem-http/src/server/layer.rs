@@ -146,13 +146,12 @@ impl IdempotencyLayer {
     /// the runtime's default wait, none unless set): it then receives the first request's
     /// stored response, replayed with `Idempotent-Replayed: true`, instead of a 409. Past the
     /// wait it gets the 409. A client that sends its retry while the first attempt still runs
-    /// (a timeout fired) gets the answer in one round trip.
+    /// (a timeout fired) gets the answer in one round trip. A request whose key is held by a
+    /// response being streamed does not wait: it follows the stream at once.
     pub fn wait(self, wait: Duration) -> Self {
         self.with(|c| c.wait = Some(wait))
     }
 
-    /// Which responses are stored for replay (default: all but 400, 401, 403, 404, 405, 409,
-    /// 413, 415, 422 and 429, which say the request had no effect: their key is released, so a
     /// How the layer writes its own errors: RFC 9457 problem+json (the default),
     /// [`ErrorBody::Stripe`] for Stripe's envelope and statuses (so that Stripe's SDKs understand
     /// them), or [`ErrorBody::custom`].
@@ -160,6 +159,8 @@ impl IdempotencyLayer {
         self.with(|c| c.errors = errors)
     }
 
+    /// Which responses are stored for replay (default: all but 400, 401, 403, 404, 405, 409,
+    /// 413, 415, 422 and 429, which say the request had no effect: their key is released, so a
     /// corrected retry runs). A 500 that ran is stored.
     pub fn store_responses(self, stores: fn(StatusCode) -> bool) -> Self {
         self.with(|c| c.stores = stores)

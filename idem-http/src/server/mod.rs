@@ -22,6 +22,7 @@
 //! | a key already used with another method, path or body | 422 `key-reused` (checked first) | no |
 //! | a key whose first request is still running | 409 `in-flight` with `Retry-After: 1` (retry soon, same key) | no |
 //! | a key whose first request completed | its status, selected headers and body, byte for byte, with `Idempotent-Replayed: true` | no |
+//! | a key whose first request is streaming its response (below) | its status, selected headers and the frames recorded so far, then the rest as they are recorded, with `Idempotent-Replayed: true` | no |
 //! | a new key | the handler's response, stored unless its status says nothing happened (400, 401, 403, 404, 405, 409, 413, 415, 422, 429 by default) | yes, once |
 //! | the store cannot be reached | 503 `store-unavailable` | no |
 //!
@@ -37,6 +38,16 @@
 //!
 //! Once a request holds its key, the handler runs in a task of its own: a client that hangs up
 //! does not cancel it, and its response is stored for the retry.
+//!
+//! A streamed response (`Content-Type: text/event-stream`, or a body whose length is not known
+//! before it is sent, as chunked bodies are) is recorded as it is sent: its status and
+//! selected headers as the first chunk of the key's stream, then each batch of data frames,
+//! each appended (fenced by the request's claim) before the client gets it. A retry after it
+//! replays the same frames, byte for byte; a retry during it follows it: the frames so far,
+//! then the rest as they are recorded. A stream that breaks off (its body fails, its request's
+//! key is taken over, the store fails for the whole completion window) ends the client's body
+//! with an error, so that the server cuts the response short. Trailers are not recorded. On a
+//! store that records no streams, the response is collected and stored whole.
 
 mod body;
 mod config;
@@ -46,7 +57,7 @@ mod problem;
 mod service;
 mod stored;
 
-pub use body::{BoxError, GuardedRequestBody, GuardedResponseBody};
+pub use body::{AnswerBody, BoxError, GuardedRequestBody, GuardedResponseBody};
 pub use error_body::{ErrorBody, LayerError, WriteError};
 pub use layer::{DEFAULT_POLICY_PATH, IdempotencyLayer};
 pub use service::Idempotent;

@@ -5,9 +5,9 @@
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
-use http_body_util::{Either, Full};
+use http_body_util::Either;
 
-use super::body::GuardedResponseBody;
+use super::body::{AnswerBody, GuardedResponseBody};
 use super::config::Config;
 use super::error_body::{ErrorBody, LayerError};
 use crate::KeyHeaderError;
@@ -103,8 +103,9 @@ impl Config {
         detail: String,
     ) -> Response<GuardedResponseBody<ResB>> {
         let json = |status: StatusCode, content_type: &'static str, body: serde_json::Value| {
-            let mut response =
-                Response::new(Either::Right(Full::new(Bytes::from(body.to_string()))));
+            let mut response = Response::new(Either::Right(AnswerBody::whole(Bytes::from(
+                body.to_string(),
+            ))));
             *response.status_mut() = status;
             response
                 .headers_mut()
@@ -145,7 +146,7 @@ impl Config {
                 detail: &detail,
                 policy_url: &self.policy_url,
             })
-            .map(|bytes| Either::Right(Full::new(bytes))),
+            .map(|bytes| Either::Right(AnswerBody::whole(bytes))),
         };
         if let Ok(link) =
             HeaderValue::from_str(&format!("<{}>; rel=\"describedby\"", self.policy_url))
@@ -156,7 +157,8 @@ impl Config {
     }
 
     pub(super) fn policy_response<ResB>(&self) -> Response<GuardedResponseBody<ResB>> {
-        let mut response = Response::new(Either::Right(Full::new(Bytes::from(self.policy()))));
+        let mut response =
+            Response::new(Either::Right(AnswerBody::whole(Bytes::from(self.policy()))));
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/markdown; charset=utf-8"),
@@ -169,10 +171,12 @@ pub(super) fn malformed(e: &KeyHeaderError) -> String {
     format!("{e}; a key is 1 to 255 visible ASCII characters, sent once per request")
 }
 
-pub(super) fn unwrap_full(
-    response: Response<GuardedResponseBody<Full<Bytes>>>,
-) -> Response<Full<Bytes>> {
-    response.map(|body| match body {
-        Either::Left(full) | Either::Right(full) => full,
-    })
+impl Config {
+    /// A problem as the layer's own answer.
+    pub(super) fn own_problem(&self, problem: Problem, detail: String) -> Response<AnswerBody> {
+        self.problem::<AnswerBody>(problem, detail)
+            .map(|body| match body {
+                Either::Left(body) | Either::Right(body) => body,
+            })
+    }
 }

@@ -1,12 +1,16 @@
 //! Stored responses: what a completed key keeps (status, selected headers, body) and replays
-//! byte for byte.
+//! byte for byte. A streamed response is kept as the key's stream: its head (the status and
+//! headers, encoded as a response with no body) as chunk 0, then its frames, one chunk each;
+//! the key's result is then [`STREAMED`].
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{Response, StatusCode};
-use http_body_util::Full;
 
 const STORED_MAGIC: &[u8; 4] = b"IDR1";
+
+/// The result of a key whose response was streamed: the response is its stream's chunks.
+pub(super) const STREAMED: &[u8] = b"IDS1";
 
 /// A stored response: magic, status, the selected headers (name and value, length-prefixed),
 /// then the body.
@@ -35,7 +39,7 @@ pub(super) fn encode_response(
 }
 
 /// The response `stored` holds; its body is a slice of `stored`, not a copy.
-pub(super) fn decode_response(stored: Vec<u8>) -> Option<Response<Full<Bytes>>> {
+pub(super) fn decode_response(stored: Vec<u8>) -> Option<Response<Bytes>> {
     let stored = Bytes::from(stored);
     let mut rest = stored.strip_prefix(STORED_MAGIC)?;
     let mut take = |n: usize| -> Option<&[u8]> {
@@ -45,7 +49,7 @@ pub(super) fn decode_response(stored: Vec<u8>) -> Option<Response<Full<Bytes>>> 
     };
     let status = StatusCode::from_u16(u16::from_be_bytes(take(2)?.try_into().ok()?)).ok()?;
     let count = u16::from_be_bytes(take(2)?.try_into().ok()?);
-    let mut response = Response::new(Full::new(Bytes::new()));
+    let mut response = Response::new(Bytes::new());
     *response.status_mut() = status;
     for _ in 0..count {
         let len = u16::from_be_bytes(take(2)?.try_into().ok()?) as usize;
@@ -55,16 +59,14 @@ pub(super) fn decode_response(stored: Vec<u8>) -> Option<Response<Full<Bytes>>> 
         response.headers_mut().append(name, value);
     }
     let body = stored.slice(stored.len() - rest.len()..);
-    *response.body_mut() = Full::new(body);
+    *response.body_mut() = body;
     Some(response)
 }
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
     use http::StatusCode;
     use http::header::{self, HeaderValue};
-    use http_body_util::{BodyExt, Full};
 
     use super::{decode_response, encode_response};
 
@@ -88,16 +90,8 @@ mod tests {
             replay.headers().get(header::SET_COOKIE).is_none(),
             "not selected"
         );
-        let bytes = futures_body(replay.into_body());
-        assert_eq!(&bytes[..], &body[..]);
+        assert_eq!(&replay.body()[..], &body[..]);
         assert!(decode_response(b"IDR1\x00".to_vec()).is_none());
         assert!(decode_response(b"nope".to_vec()).is_none());
-    }
-
-    fn futures_body(body: Full<Bytes>) -> Bytes {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(async { body.collect().await.unwrap().to_bytes() })
     }
 }

@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use completion::Recorded;
+pub use stream::{Followed, Follower, PAGE};
 pub use wait::claim_waiting;
 
 use crate::lease_state::LeaseState;

@@ -113,10 +113,7 @@ where
                 let ready = Ready::default();
                 let follow = Follow {
                     name,
-                    idem,
-                    tenant,
-                    key,
-                    fingerprint,
+                    follower: Follower::new(idem, tenant, key, fingerprint),
                 };
                 let driver = follow.read::<T, V, E, H>(ready.clone());
                 Ok(Outcome::Replayed(Streamed::new(ready, Box::pin(driver))))
@@ -294,7 +291,7 @@ where
             return Recording::Ended(output.expect("the body ended"));
         }
         if let Some(claimed) = claimed {
-            let mut append = pin!(append_retrying(claimed, recorded, &encoded));
+            let mut append = pin!(claimed.append_retrying(recorded, &encoded));
             let answer = std::future::poll_fn(|cx| {
                 if output.is_none()
                     && let Poll::Ready(out) = user.as_mut().poll(cx)
@@ -324,74 +321,132 @@ where
     }
 }
 
-/// Appends `chunks` at `first` under `claimed`, tried again through store errors that may pass
-/// for the completion window (see `completion.rs`): an append sent again is applied once.
-async fn append_retrying(
-    claimed: &Claimed,
-    first: u64,
-    chunks: &[Vec<u8>],
-) -> Result<Fenced, StoreError> {
-    let append = || {
-        claimed.idem.store().append_chunks(ChunkAppend {
-            tenant: &claimed.tenant,
-            key: claimed.key,
-            token: claimed.token,
-            first,
-            chunks,
-        })
-    };
-    let mut error = match append().await {
-        Err(e) if may_pass(&e) => e,
-        answer => return answer,
-    };
-    let window = claimed.idem.completion_retry(claimed.lease);
-    let deadline = Instant::now() + window;
-    let ceiling = ceiling(window);
-    let mut retry = 0;
-    loop {
-        let wait = backoff(retry, ceiling);
-        if Instant::now() + wait >= deadline {
-            return Err(error);
-        }
-        crate::timer::sleep(wait).await;
-        retry += 1;
-        error = match append().await {
+impl Claimed {
+    /// Appends `chunks` to this claim's stream at position `first` (how many this claim
+    /// appended before), fenced by the claim's token: one attempt, then more through store
+    /// errors that may pass, for the completion window (see `completion.rs`). An append sent
+    /// again is applied once. [`Fenced::Lost`]: another claim owns the key, and nothing was
+    /// appended.
+    pub async fn append_retrying(
+        &self,
+        first: u64,
+        chunks: &[Vec<u8>],
+    ) -> Result<Fenced, StoreError> {
+        let append = || {
+            self.idem.store().append_chunks(ChunkAppend {
+                tenant: &self.tenant,
+                key: self.key,
+                token: self.token,
+                first,
+                chunks,
+            })
+        };
+        let mut error = match append().await {
             Err(e) if may_pass(&e) => e,
             answer => return answer,
         };
+        let window = self.idem.completion_retry(self.lease);
+        let deadline = Instant::now() + window;
+        let ceiling = ceiling(window);
+        let mut retry = 0;
+        loop {
+            let wait = backoff(retry, ceiling);
+            if Instant::now() + wait >= deadline {
+                return Err(error);
+            }
+            crate::timer::sleep(wait).await;
+            retry += 1;
+            error = match append().await {
+                Err(e) if may_pass(&e) => e,
+                answer => return answer,
+            };
+        }
     }
 }
 
-/// A call that reads the chunks another call recorded.
-struct Follow {
-    name: &'static str,
+/// What a [`Follower`] read next.
+#[derive(Debug)]
+pub enum Followed {
+    /// The next chunks of the stream, in order, as the store holds them (at least one).
+    Chunks(Vec<Vec<u8>>),
+    /// The stream ended: every chunk was read, and the record completed with this result.
+    Completed(Vec<u8>),
+    /// The stream broke off after `received` chunks: the record changed hands, was deleted or
+    /// released, ended `unknown`, or its holder's lease lapsed with nothing more written.
+    Interrupted {
+        /// How many chunks were read before.
+        received: u64,
+    },
+}
+
+/// Reads the chunks a call records under a key (another call's: a replay, or a follower
+/// while the stream is produced), from the first, in pages of at most [`PAGE`], the bytes as
+/// the store holds them. While the record is in flight and nothing new comes, it polls (from
+/// 1 ms, doubling to 25 ms). It reads one holder's chunks only: a record that changes hands
+/// is [`Followed::Interrupted`].
+#[derive(Debug)]
+pub struct Follower {
     idem: Idem,
     tenant: Arc<str>,
     key: IdempotencyKey,
     fingerprint: Fingerprint,
+    next: u64,
+    holder: Option<FencingToken>,
+    idle: Duration,
+    ended: bool,
+    /// The end read with the last page, answered after it.
+    end: Option<Vec<u8>>,
 }
 
-impl Follow {
-    fn interrupted<E>(&self, received: u64) -> Error<E> {
-        Error::StreamInterrupted {
-            tool: self.name,
-            key: self.key.short_hash(),
-            received,
+impl Follower {
+    /// A follower of the stream of `key` under `tenant`, recorded by a call with
+    /// `fingerprint` (a record with another fingerprint is an interruption).
+    pub fn new(
+        idem: Idem,
+        tenant: Arc<str>,
+        key: IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Self {
+        Follower {
+            idem,
+            tenant,
+            key,
+            fingerprint,
+            next: 0,
+            holder: None,
+            idle: FIRST_POLL,
+            ended: false,
+            end: None,
         }
     }
 
-    /// Reads the chunks from the first, in pages, making each page ready; waits for more while
-    /// the record is in flight; answers the stored end once the record is completed and every
-    /// chunk was read.
-    async fn read<T, V, E, H>(self, ready: Ready<T>) -> End<V, E>
-    where
-        T: Replayable,
-        V: Replayable,
-        E: ErrorHandling<H>,
-    {
-        let mut next: u64 = 0;
-        let mut holder: Option<FencingToken> = None;
-        let mut idle = FIRST_POLL;
+    /// How many chunks were read so far.
+    pub fn received(&self) -> u64 {
+        self.next
+    }
+
+    /// The next chunks, or the end of the stream (then nothing more: a follower that ended
+    /// answers its end's kind again, as an interruption).
+    pub async fn next(&mut self) -> Result<Followed, StoreError> {
+        if self.ended {
+            return Ok(Followed::Interrupted {
+                received: self.next,
+            });
+        }
+        let followed = self.read().await;
+        if !matches!(followed, Ok(Followed::Chunks(_)) | Err(_)) {
+            self.ended = true;
+        }
+        followed
+    }
+
+    async fn read(&mut self) -> Result<Followed, StoreError> {
+        if let Some(result) = self.end.take() {
+            return Ok(Followed::Completed(result));
+        }
+        let interrupted = Followed::Interrupted {
+            received: self.next,
+        };
         loop {
             let page = self
                 .idem
@@ -399,59 +454,96 @@ impl Follow {
                 .read_chunks(ChunkRead {
                     tenant: &self.tenant,
                     key: self.key,
-                    from: next,
+                    from: self.next,
                     limit: PAGE,
                 })
-                .await
-                .map_err(Error::Store)?;
+                .await?;
             let Some(page) = page else {
-                return Err(self.interrupted(next));
+                return Ok(interrupted);
             };
             let record = page.record;
             if record.fingerprint != self.fingerprint
-                || *holder.get_or_insert(record.token) != record.token
+                || *self.holder.get_or_insert(record.token) != record.token
             {
-                return Err(self.interrupted(next));
+                return Ok(interrupted);
             }
             let got = page.chunks.len();
-            let decoded: Result<Vec<T>, _> = page
-                .chunks
-                .iter()
-                .map(|bytes| serde_json::from_slice::<Checked<T>>(bytes).map(|c| c.0))
-                .collect();
-            let decoded = decoded.map_err(|source| Error::StoredResultUnreadable {
-                tool: self.name,
-                key: self.key.short_hash(),
-                source,
-            })?;
-            next += got as u64;
-            ready
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(decoded);
             let last_page = got < PAGE;
             match record.status {
-                RecordStatus::Completed if last_page => {
-                    let result = record.result.unwrap_or_default();
-                    return replay::<Checked<V>, E, H>(self.name, self.key, &result)
-                        .map(|outcome| value_of(outcome).0);
+                _ if got > 0 => {
+                    self.next += got as u64;
+                    self.idle = FIRST_POLL;
+                    if record.status == RecordStatus::Completed && last_page {
+                        self.end = Some(record.result.unwrap_or_default());
+                    }
+                    return Ok(Followed::Chunks(page.chunks));
                 }
-                RecordStatus::Unknown if last_page => return Err(self.interrupted(next)),
-                RecordStatus::InFlight if got == 0 => {
+                RecordStatus::Completed if last_page => {
+                    return Ok(Followed::Completed(record.result.unwrap_or_default()));
+                }
+                RecordStatus::InFlight => {
                     // Nothing new: the holder is still at work, or died (its lease lapses, and
                     // then nothing more will come: a retry of the call takes the key over).
                     let now = self.idem.clock().now();
                     if record.lease_expires_at < now {
-                        return Err(self.interrupted(next));
+                        return Ok(interrupted);
                     }
-                    crate::timer::sleep(idle).await;
-                    idle = (idle * 2).min(LONGEST_POLL);
-                    continue;
+                    crate::timer::sleep(self.idle).await;
+                    self.idle = (self.idle * 2).min(LONGEST_POLL);
                 }
-                _ => idle = FIRST_POLL,
+                _ => return Ok(interrupted),
             }
-            if got > 0 {
-                give_way().await;
+        }
+    }
+}
+
+/// A call that reads the chunks another call recorded.
+struct Follow {
+    name: &'static str,
+    follower: Follower,
+}
+
+impl Follow {
+    fn interrupted<E>(&self, received: u64) -> Error<E> {
+        Error::StreamInterrupted {
+            tool: self.name,
+            key: self.follower.key.short_hash(),
+            received,
+        }
+    }
+
+    /// Reads the chunks from the first, making each page ready as it is decoded; answers the
+    /// stored end once the record is completed and every chunk was read.
+    async fn read<T, V, E, H>(mut self, ready: Ready<T>) -> End<V, E>
+    where
+        T: Replayable,
+        V: Replayable,
+        E: ErrorHandling<H>,
+    {
+        let key = self.follower.key;
+        loop {
+            match self.follower.next().await.map_err(Error::Store)? {
+                Followed::Chunks(chunks) => {
+                    let decoded: Result<Vec<T>, _> = chunks
+                        .iter()
+                        .map(|bytes| serde_json::from_slice::<Checked<T>>(bytes).map(|c| c.0))
+                        .collect();
+                    let decoded = decoded.map_err(|source| Error::StoredResultUnreadable {
+                        tool: self.name,
+                        key: key.short_hash(),
+                        source,
+                    })?;
+                    ready
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(decoded);
+                    give_way().await;
+                }
+                Followed::Completed(result) => {
+                    return replay::<Checked<V>, E, H>(self.name, key, &result)
+                        .map(|outcome| value_of(outcome).0);
+                }
+                Followed::Interrupted { received } => return Err(self.interrupted(received)),
             }
         }
     }

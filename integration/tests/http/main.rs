@@ -7,8 +7,9 @@
 //! | `layer.rs` | the layer: replays, mismatches, keys, bodies, concurrency, dropped connections, principals, what is kept, methods, skipped fields |
 //! | `stripe.rs` | Stripe's own Python SDK against the layer, and Stripe's error envelope |
 //! | `client.rs` | the retrying client: what it retries, `Retry-After`, derived keys, network faults |
+//! | `streamed.rs` | streamed responses (events, chunked bodies) recorded, replayed and followed, on SQLite, Postgres and Redis |
 //!
-//! The server and the helpers below are shared by the three.
+//! The server and the helpers below are shared by the first three.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -20,6 +21,7 @@ mod proxy;
 
 mod client;
 mod layer;
+mod streamed;
 mod stripe;
 
 use std::net::SocketAddr;
