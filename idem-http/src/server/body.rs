@@ -4,6 +4,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 
@@ -17,6 +18,9 @@ pub type GuardedRequestBody<B> = Either<B, Full<Bytes>>;
 /// The body of the responses the layer answers with: the handler's (requests it does not
 /// guard), or the layer's own ([`AnswerBody`]: guarded requests, replays, problems).
 pub type GuardedResponseBody<B> = Either<B, AnswerBody>;
+
+/// Where the task that runs a handler sends the response to answer.
+pub(super) type Answer = tokio::sync::oneshot::Sender<Response<AnswerBody>>;
 
 /// How many frames of a streamed answer wait for a slow client before the recording waits
 /// for it too.

@@ -56,6 +56,7 @@ mod layer;
 mod problem;
 mod service;
 mod stored;
+mod streamed;
 
 pub use body::{AnswerBody, BoxError, GuardedRequestBody, GuardedResponseBody};
 pub use error_body::{ErrorBody, LayerError, WriteError};

@@ -7,6 +7,9 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 
+use super::body::AnswerBody;
+use crate::IDEMPOTENT_REPLAYED;
+
 const STORED_MAGIC: &[u8; 4] = b"IDR1";
 
 /// The result of a key whose response was streamed: the response is its stream's chunks.
@@ -61,6 +64,14 @@ pub(super) fn decode_response(stored: Vec<u8>) -> Option<Response<Bytes>> {
     let body = stored.slice(stored.len() - rest.len()..);
     *response.body_mut() = body;
     Some(response)
+}
+
+/// A replayed response, marked so.
+pub(super) fn replayed(mut response: Response<AnswerBody>) -> Response<AnswerBody> {
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
 }
 
 #[cfg(test)]
