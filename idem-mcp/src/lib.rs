@@ -30,6 +30,27 @@
 //! #[tool]
 //! async fn charge(&self, params: Parameters<Charge>, meta: MetaKeys) -> Result<Payment, PaymentError> { … }
 //! ```
+//!
+//! A tool that reports progress streams [`ProgressNote`]s (`out: Emitter<ProgressNote>`, see
+//! the guide's Streams chapter): each is recorded under the call's key. The rmcp tool method
+//! calls it and hands its call to a [`Progress`] parameter, which sends each note to the
+//! client as `notifications/progress` and answers the call's end; a retried call receives the
+//! same notifications again, then the same result:
+//!
+//! ```text
+//! #[idempotent(key = "meta.run_id, meta.step_id", mutating, required, name = "reports.export")]
+//! async fn export(meta: MetaKeys, rows: u32, out: Emitter<ProgressNote>) -> Result<Export, ExportError> { … }
+//!
+//! #[tool]
+//! async fn export_ledger(&self, params: Parameters<Rows>, meta: MetaKeys, progress: Progress)
+//!     -> Result<Outcome<Export>, idem::Error<ExportError>> {
+//!     progress.relay(export(meta, params.0.rows).await).await
+//! }
+//! ```
+
+mod progress;
+
+pub use progress::{Progress, ProgressNote};
 
 use rmcp::handler::server::common::{AsRequestContext, FromContextPart};
 use serde::Serialize;

@@ -6,8 +6,11 @@
 //! - `set_status` (natural): safe to repeat as it is;
 //!
 //! plus `charge_run_step`, keyed by the run and step ids the host sends in the request's `_meta`
-//! (the model never sees the key), and a read-only `list_charges`, the ledger. Every answer is
-//! structured content with `status` (`ok`, `in_flight`, `mismatch`, …) and `replayed`.
+//! (the model never sees the key), `export_ledger`, a streaming tool that reports its progress
+//! (`notifications/progress`, one a row, paced by `--latency`; a retried export receives the
+//! same notifications again, then the first export's result), and a read-only `list_charges`,
+//! the ledger. Every answer is structured content with `status` (`ok`, `in_flight`,
+//! `mismatch`, …) and `replayed`.
 //!
 //! A call that comes again while the first still runs (the host timed out and retried, two
 //! sessions sent the same step) waits for the first, up to 10 s (`IdemBuilder::wait`), and
@@ -26,11 +29,12 @@
 //! With a port 0 the system picks one; the addresses are printed on stderr.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem::mcp::MetaKeys;
-use idem::{Idem, idempotent};
+use idem::mcp::{MetaKeys, Progress, ProgressNote};
+use idem::{Emitter, Idem, Outcome, idempotent};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
@@ -94,6 +98,55 @@ struct StatusRequest {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 struct ToolError(String);
+
+/// Arguments of `export_ledger`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+struct ExportRequest {
+    /// How many rows to export (1 to 10,000).
+    rows: u32,
+    /// Names this export: the same key on every retry of it.
+    idempotency_key: String,
+}
+
+/// What an export answers.
+#[derive(Debug, Serialize, Deserialize)]
+struct Export {
+    /// The rows exported.
+    rows: u32,
+    /// Which export of this server's life it was (1, 2, …): a replay answers the first's.
+    export: usize,
+}
+
+/// The exports this server ran.
+static EXPORTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Exports `rows` rows, one progress note a row, `pace_ms` apart: each note is recorded under
+/// the key before the client gets it, and a retry replays them.
+#[idempotent(
+    key = "idempotency_key",
+    mutating,
+    skip = "pace_ms",
+    name = "mcp.export_ledger"
+)]
+async fn export(
+    idempotency_key: String,
+    rows: u32,
+    pace_ms: u64,
+    out: Emitter<ProgressNote>,
+) -> Result<Export, ToolError> {
+    if !(1..=10_000).contains(&rows) {
+        return Err(ToolError(format!("rows must be 1 to 10,000, not {rows}")));
+    }
+    let export = EXPORTS.fetch_add(1, Ordering::SeqCst) + 1;
+    for row in 1..=rows {
+        tokio::time::sleep(Duration::from_millis(pace_ms)).await;
+        let note = ProgressNote::new(f64::from(row))
+            .total(f64::from(rows))
+            .message(format!("exported row {row} of {rows}"));
+        out.emit(note).await;
+    }
+    Ok(Export { rows, export })
+}
 
 /// The server: its ledger, its roster and its statuses.
 #[derive(Clone)]
@@ -233,6 +286,27 @@ impl Crew {
             .unwrap()
             .insert(p.entity.clone(), p.status.clone());
         Ok(format!("{} is {}", p.entity, p.status))
+    }
+
+    /// Exports the ledger row by row, reporting progress (send a `progressToken` in `_meta`).
+    /// Retrying with the same idempotency_key replays the export's progress and its result;
+    /// nothing is exported twice.
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = false,
+        idempotent_hint = true,
+        open_world_hint = false
+    ))]
+    async fn export_ledger(
+        &self,
+        params: Parameters<ExportRequest>,
+        progress: Progress,
+    ) -> Result<Outcome<Export>, idem::Error<ToolError>> {
+        let p = params.0;
+        let pace_ms = self.latency.as_millis() as u64;
+        progress
+            .relay(export(p.idempotency_key, p.rows, pace_ms).await)
+            .await
     }
 
     /// Every charge made, oldest first.

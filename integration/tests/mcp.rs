@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use rmcp::ServiceExt;
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
@@ -286,4 +286,148 @@ async fn streamable_http_keys_from_meta_and_prometheus_metrics() {
     );
     assert!(!scrape.contains("run-42"), "no key in the metrics");
     server.kill().await.unwrap();
+}
+
+/// A client that keeps the progress notifications it receives.
+#[derive(Clone, Default)]
+struct Listener {
+    notes: std::sync::Arc<std::sync::Mutex<Vec<ProgressNotificationParam>>>,
+}
+
+impl rmcp::ClientHandler for Listener {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        self.notes.lock().unwrap().push(params);
+    }
+}
+
+impl Listener {
+    /// How many notifications came.
+    fn count(&self) -> usize {
+        self.notes.lock().unwrap().len()
+    }
+
+    /// The notes received once `count` came (or 10 s passed), by the token they were sent to
+    /// (rmcp's client gives each request a token of its own), each token's in the order of
+    /// their progress (the client may handle them out of order): progress, total, message.
+    async fn by_token(&self, count: usize) -> Vec<Vec<(f64, Option<f64>, Option<String>)>> {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.count() < count && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let mut tokens: Vec<(String, Vec<(f64, Option<f64>, Option<String>)>)> = Vec::new();
+        for note in self.notes.lock().unwrap().iter() {
+            let token = serde_json::to_string(&note.progress_token).unwrap();
+            let entry = (note.progress, note.total, note.message.clone());
+            match tokens.iter_mut().find(|(t, _)| *t == token) {
+                Some((_, notes)) => notes.push(entry),
+                None => tokens.push((token, vec![entry])),
+            }
+        }
+        tokens
+            .into_iter()
+            .map(|(_, mut notes)| {
+                notes.sort_by(|a, b| a.0.total_cmp(&b.0));
+                notes
+            })
+            .collect()
+    }
+}
+
+/// A `tools/call` of `export_ledger` of `rows` rows under `key` (rmcp's client asks for progress
+/// with a token of its own).
+fn export_call(rows: u32, key: &str) -> CallToolRequestParams {
+    CallToolRequestParams::new("export_ledger")
+        .with_arguments(arguments(json!({"rows": rows, "idempotency_key": key})))
+}
+
+/// A streaming tool's progress notifications, recorded and replayed: a retried export (a new
+/// request, with a token of its own) receives the same 40 notifications, then the first
+/// export's result; a retry sent while the first still streams receives them all too; the
+/// export ran once per key (its result counts the exports the server ran).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_export_replays_its_progress_notifications() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let mut command = tokio::process::Command::new(example());
+    command.args(["--store", &store, "--latency", "5"]);
+    let listener = Listener::default();
+    let client = listener
+        .clone()
+        .serve(TokioChildProcess::new(command).unwrap())
+        .await
+        .unwrap();
+
+    let rows = |n: u32| -> Vec<_> {
+        (1..=n)
+            .map(|row| {
+                (
+                    f64::from(row),
+                    Some(f64::from(n)),
+                    Some(format!("exported row {row} of {n}")),
+                )
+            })
+            .collect()
+    };
+    let first = client.call_tool(export_call(40, "exp-1")).await.unwrap();
+    let first = first.structured_content.unwrap();
+    assert_eq!(
+        (&first["status"], &first["replayed"]),
+        (&json!("ok"), &json!(false))
+    );
+    assert_eq!(first["value"], json!({"rows": 40, "export": 1}));
+    assert_eq!(listener.by_token(40).await, vec![rows(40)]);
+    let again = client.call_tool(export_call(40, "exp-1")).await.unwrap();
+    let again = again.structured_content.unwrap();
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(again["value"], first["value"], "the first export's result");
+    assert_eq!(
+        listener.by_token(80).await,
+        vec![rows(40), rows(40)],
+        "the same notifications, to the retry's token"
+    );
+
+    // A retry while the first export streams (40 rows 5 ms apart) follows it.
+    let fresh = client.call_tool(export_call(40, "exp-2"));
+    let retry = async {
+        listener.by_token(85).await;
+        client.call_tool(export_call(40, "exp-2")).await
+    };
+    let (fresh, retry) = tokio::join!(fresh, retry);
+    let (fresh, retry) = (
+        fresh.unwrap().structured_content.unwrap(),
+        retry.unwrap().structured_content.unwrap(),
+    );
+    assert_eq!(fresh["value"], json!({"rows": 40, "export": 2}));
+    assert_eq!(
+        (&retry["replayed"], &retry["value"]),
+        (&json!(true), &fresh["value"])
+    );
+    assert_eq!(
+        listener.by_token(160).await,
+        vec![rows(40), rows(40), rows(40), rows(40)],
+        "the follower's too, all 40"
+    );
+
+    // Another key exports again; a bad argument is the tool's error, and notifies nothing.
+    let next = client.call_tool(export_call(3, "exp-3")).await.unwrap();
+    assert_eq!(
+        next.structured_content.unwrap()["value"],
+        json!({"rows": 3, "export": 3})
+    );
+    let bad = client.call_tool(export_call(0, "exp-4")).await.unwrap();
+    assert_eq!(bad.is_error, Some(true));
+    let bad = bad.structured_content.unwrap();
+    assert!(
+        bad["message"].as_str().unwrap().contains("rows must be"),
+        "{bad}"
+    );
+    let all = listener.by_token(163).await;
+    assert_eq!(all.len(), 5, "one token per call that exported");
+    assert_eq!(all[4], rows(3));
+    assert_eq!(listener.count(), 163, "no more");
+    client.cancel().await.unwrap();
 }
