@@ -275,14 +275,25 @@ impl Sql {
                      AND token <> $3 AND EXISTS (SELECT 1 FROM owner)), \
                  have AS (SELECT coalesce(max(seq) + 1, 0) AS n FROM {c} \
                      WHERE tenant = $1 AND key = $2 AND token = $3), \
-                 added AS (INSERT INTO {c} (tenant, key, token, seq, data) \
-                     SELECT $1, $2, $3, $4::bigint + u.ord - 1, u.data \
-                     FROM unnest($5::bytea[]) WITH ORDINALITY AS u(data, ord), have \
+                 chunk AS (SELECT $4::bigint + u.ord - 1 AS seq, u.data, u.hash \
+                     FROM unnest($5::bytea[], $6::bytea[]) WITH ORDINALITY AS u(data, hash, ord)), \
+                 added AS (INSERT INTO {c} (tenant, key, token, seq, data, blob) \
+                     SELECT $1, $2, $3, chunk.seq, \
+                         CASE WHEN chunk.hash IS NULL THEN chunk.data ELSE ''::bytea END, \
+                         chunk.hash \
+                     FROM chunk, have \
                      WHERE EXISTS (SELECT 1 FROM owner) AND $4::bigint <= have.n \
-                     AND $4::bigint + u.ord - 1 >= have.n \
-                     ON CONFLICT DO NOTHING RETURNING 1) \
+                     AND chunk.seq >= have.n \
+                     ON CONFLICT DO NOTHING RETURNING seq, blob), \
+                 kept AS (INSERT INTO {b} AS d (tenant, hash, refs, data) \
+                     SELECT DISTINCT ON (chunk.hash) $1, chunk.hash, \
+                         count(*) OVER (PARTITION BY chunk.hash), chunk.data \
+                     FROM added JOIN chunk ON chunk.seq = added.seq \
+                     WHERE added.blob IS NOT NULL ORDER BY chunk.hash \
+                     ON CONFLICT (tenant, hash) DO UPDATE SET refs = d.refs + EXCLUDED.refs \
+                     RETURNING 1) \
                  SELECT EXISTS (SELECT 1 FROM owner), (SELECT n FROM have), \
-                     (SELECT count(*) FROM added)"
+                     (SELECT count(*) FROM added), (SELECT count(*) FROM kept)"
                 ),
                 &[
                     Type::TEXT,
@@ -290,11 +301,14 @@ impl Sql {
                     Type::INT8,
                     Type::INT8,
                     Type::BYTEA_ARRAY,
+                    Type::BYTEA_ARRAY,
                 ],
             ),
             read_chunks: statement(
                 format!(
-                    "SELECT {columns}, ARRAY(SELECT data FROM {c} c WHERE c.tenant = r.tenant \
+                    "SELECT {columns}, ARRAY(SELECT CASE WHEN c.blob IS NULL THEN c.data \
+                     ELSE (SELECT d.data FROM {b} d WHERE d.tenant = c.tenant AND d.hash = c.blob) \
+                     END FROM {c} c WHERE c.tenant = r.tenant \
                      AND c.key = r.key AND c.token = r.token AND c.seq >= $3::bigint \
                      ORDER BY c.seq LIMIT $4::bigint) \
                  FROM {t} r WHERE r.tenant = $1 AND r.key = $2"

@@ -55,7 +55,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use idem_core::key::IdempotencyKey;
 use idem_core::store::batch::{self, by_key, in_item_order};
-use idem_core::store::blob;
+use idem_core::store::blob::{self, BlobHash};
 use idem_core::store::replay_cache::ReplayCache;
 use idem_core::store::stream::out_of_order;
 use idem_core::store::{
@@ -583,11 +583,20 @@ impl Store for PostgresStore {
             const OP: &str = "append_chunks";
             let (key, token) = (&a.key.as_bytes()[..], a.token.get() as i64);
             let first = i64::try_from(a.first).unwrap_or(i64::MAX);
+            let hashes: Vec<Option<BlobHash>> = a
+                .chunks
+                .iter()
+                .map(|c| blob::chunk_apart(c, self.inner.blob_threshold))
+                .collect();
+            let hashes: Vec<Option<&[u8]>> = hashes
+                .iter()
+                .map(|h| h.as_ref().map(|h| &h.as_bytes()[..]))
+                .collect();
             let rows = self
                 .query(
                     OP,
                     &self.inner.sql.append_chunks,
-                    &[&a.tenant, &key, &token, &first, &a.chunks],
+                    &[&a.tenant, &key, &token, &first, &a.chunks, &hashes],
                 )
                 .await?;
             let row = rows.first().ok_or_else(|| corrupt(OP, "no answer"))?;
@@ -618,9 +627,16 @@ impl Store for PostgresStore {
             let Some(row) = rows.first() else {
                 return Ok(None);
             };
+            let chunks: Vec<Option<Vec<u8>>> = row.get(11);
+            let chunks = chunks
+                .into_iter()
+                .map(|c| {
+                    c.ok_or_else(|| corrupt("read_chunks", "a chunk names a blob that is gone"))
+                })
+                .collect::<Result<_, _>>()?;
             Ok(Some(StreamPage {
                 record: decode_record(row)?,
-                chunks: row.get(11),
+                chunks,
             }))
         })
     }

@@ -9,13 +9,13 @@ use idem_core::{StoreError, StoreErrorKind};
 
 /// The schema version this build writes (2 added the `unknown` status, the orphan policy of
 /// `idem_claim` and the operator's `note`; 3 the chunks of streams; 4 the blobs of large
-/// results; older schemas are upgraded on open).
-pub const SCHEMA_VERSION: u32 = 4;
+/// results; 5 lets chunks name blobs; older schemas are upgraded on open).
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// A constant for `pg_advisory_xact_lock`, so migrations of one database run one at a time.
 pub(super) const MIGRATION_LOCK: i64 = 0x6964_656d_0001; // "idem" + 1
 
-/// The schema, version 4. `{s}` is the quoted schema name.
+/// The schema, version 5. `{s}` is the quoted schema name.
 pub(super) const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS {s}.idem_records (
     tenant           text     NOT NULL,
@@ -89,6 +89,13 @@ BEGIN
             PRIMARY KEY (tenant, hash)
         );
     END IF;
+    -- A chunk past the threshold names a blob too (`blob`, its `data` empty), counted in by
+    -- the append that writes it and let go of when the chunk is deleted (with its record, or
+    -- by a new holder's first append).
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{s}.idem_chunks'::regclass
+                   AND attname = 'blob' AND NOT attisdropped) THEN
+        ALTER TABLE {s}.idem_chunks ADD COLUMN blob bytea;
+    END IF;
 END
 $do$;
 
@@ -113,6 +120,11 @@ BEGIN
         CREATE TRIGGER idem_records_move_blob AFTER UPDATE OF blob ON {s}.idem_records
             FOR EACH ROW WHEN (OLD.blob IS NOT NULL AND OLD.blob IS DISTINCT FROM NEW.blob)
             EXECUTE FUNCTION {s}.idem_let_go_of_blob();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '{s}.idem_chunks'::regclass
+                   AND tgname = 'idem_chunks_drop_blob') THEN
+        CREATE TRIGGER idem_chunks_drop_blob AFTER DELETE ON {s}.idem_chunks
+            FOR EACH ROW WHEN (OLD.blob IS NOT NULL) EXECUTE FUNCTION {s}.idem_let_go_of_blob();
     END IF;
 END
 $do$;

@@ -4,6 +4,7 @@
 use super::connection::Connection;
 use super::driver::{BACKEND, redis_error, time_arg};
 use super::record::parse_record_key;
+use super::scripts::blob_fns;
 use super::store::RedisStore;
 use idem_core::key::IdempotencyKey;
 use idem_core::store::admin::{AdminStore, Page, Resolution};
@@ -15,7 +16,9 @@ use idem_core::{StoreError, StoreErrorKind};
 /// named from the record's key: see `scripts.rs`). KEYS: the record, its note. ARGV: `c`
 /// (complete) or `r` (release), the result, the reason, now. 1: applied (now, or by an earlier
 /// delivery of this very resolution), 0: the record is gone or not blocked.
-pub(super) const RESOLVE: &str = r"
+pub(super) const RESOLVE: &str = concat!(
+    blob_fns!(),
+    r"
 local k, note = KEYS[1], KEYS[2]
 local v = redis.call('GET', k)
 if not v then return 0 end
@@ -30,7 +33,8 @@ if status == 'c' then
 end
 if status == 'i' and tonumber(string.sub(v, 50, 65)) > tonumber(ARGV[4]) then return 0 end
 if ARGV[1] == 'r' then
-  redis.call('DEL', k, note, k .. ':stream')
+  drop_stream(k)
+  redis.call('DEL', k, note)
   return 1
 end
 redis.call('SET', k, string.sub(v, 1, 32) .. 'c' .. string.sub(v, 34, 81) .. resolved
@@ -42,7 +46,8 @@ else
   redis.call('SET', note, ARGV[3])
 end
 return 1
-";
+"
+);
 
 impl RedisStore {
     /// The `SCAN` pattern of `tenant`'s keys `PREFIX:{TENANT}:rest`, or of every tenant's when

@@ -440,8 +440,19 @@ impl Store for RedisStore {
             let first = a.first.to_string();
             let record = self.record_key(a.tenant, &a.key);
             let stream = stream_key(&record);
+            let hashes: Vec<String> = a
+                .chunks
+                .iter()
+                .map(|c| {
+                    blob::chunk_apart(c, self.blob_threshold)
+                        .map_or_else(String::new, |h| h.to_hex())
+                })
+                .collect();
             let mut args: Vec<&[u8]> = vec![token.as_bytes(), first.as_bytes()];
-            args.extend(a.chunks.iter().map(Vec::as_slice));
+            for (hash, chunk) in hashes.iter().zip(a.chunks) {
+                args.push(hash.as_bytes());
+                args.push(chunk);
+            }
             let answer: Vec<i64> = self
                 .invoke(OP, &self.scripts.append_chunks, &[&record, &stream], &args)
                 .await?;

@@ -9,8 +9,9 @@ use idem_core::key::IdempotencyKey;
 use idem_core::store::{FencingToken, Record, RecordStatus};
 
 /// The layout version this build writes (kept in `PREFIX:meta`; 2 added the `unknown` status,
-/// 3 the status `b` of a completed record whose result is a blob, and the blobs' keys).
-pub const SCHEMA_VERSION: u32 = 3;
+/// 3 the status `b` of a completed record whose result is a blob, and the blobs' keys; 4 the
+/// chunks a stream keeps as blobs, `b0`, `b1`, … and `bl` in its hash).
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Offsets of the record layout (see the module docs).
 pub(super) mod layout {

@@ -4,28 +4,35 @@
 //!
 //! The chunks of a stream live in a hash beside the record, at the record's key and `:stream` (its
 //! hash tag, so its slot): `t` the token whose chunks these are, `n` how many, and the chunks
-//! under `0`, `1`, …. The hash lives as long as its record: an append gives it the record's
-//! remaining time, and the settlements and renewals that change the record's expiry change
-//! the hash's in the same script (they name it from the record's key, which shares its slot).
+//! under `0`, `1`, …; a chunk past the threshold is a blob, named under `b0`, `b1`, … instead,
+//! and `bl` lists the hashes of the blobs the stream names (64 hex characters each, one per
+//! chunk). The hash lives as long as its record: an append gives it the record's remaining
+//! time, and the settlements and renewals that change the record's expiry change the hash's,
+//! and its blobs', in the same script (they name it from the record's key, which shares its
+//! slot). Every script that deletes a stream lets go of its blobs first (`drop_stream`).
 
-/// Blobs, as Lua functions: a completed result past the store's threshold lives once per tenant
-/// at `PREFIX:{TENANT_HEX}:blob:SHA256_HEX` (the tenant's hash tag, so its records' slot), a
-/// hash of the bytes (`d`) and how many records name it (`r`); such a record has the status
-/// `b` and the hash where a result would be. `keep` counts a record in (the blob lives at least
-/// as long as it, so nothing outlives its records when Redis expires them on its own), `let_go`
-/// counts one out (the last deletes it), `whole` reads a record as if its result were in it.
+/// Blobs, as Lua functions: a completed result or a chunk past the store's threshold lives once
+/// per tenant at `PREFIX:{TENANT_HEX}:blob:SHA256_HEX` (the tenant's hash tag, so its records'
+/// slot), a hash of the bytes (`d`) and how many records and chunks name it (`r`); such a record
+/// has the status `b` and the hash where a result would be. `keep` counts a record or a chunk
+/// in (the blob lives at least as long as it, so nothing outlives its records when Redis
+/// expires them on its own), `let_go` counts a record out and `drop_stream` a stream's chunks
+/// (the last deletes it), `outlive` gives a stream's blobs its new time (a blob only the
+/// stream names expires with it, one that others name too at the latest of their times),
+/// `whole` reads a record as if its result were in it.
 macro_rules! blob_fns {
     () => {
         r"
 local function blob_key(k, hash) return string.sub(k, 1, #k - 64) .. 'blob:' .. hash end
-local function blob_of(k, v, head)
-  local data = redis.call('HGET', blob_key(k, string.sub(v, head + 1)), 'd')
+local function blob_data(k, hash)
+  local data = redis.call('HGET', blob_key(k, hash), 'd')
   if not data then
-    error({err = 'idem: a record names a blob that is gone (evicted? run Redis with ' ..
-      'maxmemory-policy noeviction)'})
+    error({err = 'idem: a record or a chunk names a blob that is gone (evicted? run Redis ' ..
+      'with maxmemory-policy noeviction)'})
   end
   return data
 end
+local function blob_of(k, v, head) return blob_data(k, string.sub(v, head + 1)) end
 local function whole(k, v)
   if string.sub(v, 33, 33) ~= 'b' then return v end
   local head = 104 + tonumber(string.sub(v, 101, 104))
@@ -37,17 +44,45 @@ local function keep(k, hash, data, ttl)
   redis.call('HINCRBY', b, 'r', 1)
   if redis.call('PTTL', b) < tonumber(ttl) then redis.call('PEXPIRE', b, ttl) end
 end
+local function let_go_hash(k, hash)
+  local b = blob_key(k, hash)
+  if redis.call('EXISTS', b) == 1 and redis.call('HINCRBY', b, 'r', -1) <= 0 then
+    redis.call('DEL', b)
+  end
+end
 local function let_go(k, v)
   if string.sub(v, 33, 33) ~= 'b' then return end
   local head = 104 + tonumber(string.sub(v, 101, 104))
-  local b = blob_key(k, string.sub(v, head + 1))
-  if redis.call('EXISTS', b) == 1 and redis.call('HINCRBY', b, 'r', -1) <= 0 then
-    redis.call('DEL', b)
+  let_go_hash(k, string.sub(v, head + 1))
+end
+local function stream_blobs(k)
+  local listed = redis.call('HGET', k .. ':stream', 'bl')
+  local out = {}
+  if listed then
+    for i = 1, #listed, 64 do out[#out + 1] = string.sub(listed, i, i + 63) end
+  end
+  return out
+end
+local function drop_stream(k)
+  for _, hash in ipairs(stream_blobs(k)) do let_go_hash(k, hash) end
+  redis.call('DEL', k .. ':stream')
+end
+local function outlive(k, ttl)
+  local named = {}
+  for _, hash in ipairs(stream_blobs(k)) do named[hash] = (named[hash] or 0) + 1 end
+  for hash, times in pairs(named) do
+    local b = blob_key(k, hash)
+    local refs = tonumber(redis.call('HGET', b, 'r') or '0')
+    if refs <= times or redis.call('PTTL', b) < tonumber(ttl) then
+      redis.call('PEXPIRE', b, ttl)
+    end
   end
 end
 "
     };
 }
+
+pub(super) use blob_fns;
 
 /// The claim of one key, as a Lua function (the body of [`CLAIM`] and [`CLAIM_BATCH`]).
 /// Decisions: 0 acquired, 1 acquired by takeover, 2 mismatch, 3 completed (replay), 4 in flight,
@@ -87,7 +122,10 @@ local function claim(k, fp, now_arg, token, lease_at, expires, ttl, tool, orphan
       .. token .. string.sub(v, 101, head), 'KEEPTTL')
     return {1}
   end
-  if v then let_go(k, v) end
+  if v then
+    let_go(k, v)
+    drop_stream(k)
+  end
   redis.call('SET', k, fp .. 'i' .. expires .. lease_at .. now_arg .. token .. tool, 'PX', ttl)
   return {0}
 end
@@ -117,12 +155,14 @@ local function complete(k, token, result, expires, ttl, status, hash)
     .. stored, 'PX', ttl)
   if hash ~= '' then keep(k, hash, result, ttl) end
   redis.call('PEXPIRE', k .. ':stream', ttl)
+  outlive(k, ttl)
   return 2
 end
 local function release(k, token)
   local v = redis.call('GET', k)
   if v and string.sub(v, 33, 33) == 'i' and string.sub(v, 82, 100) == token then
-    redis.call('DEL', k, k .. ':stream')
+    drop_stream(k)
+    redis.call('DEL', k)
     return 1
   end
   return 0
@@ -182,6 +222,7 @@ local function renew(k, token, lease_at, lease_ms)
   if tonumber(string.sub(v, 34, 49)) < tonumber(lease_at) then
     redis.call('SET', k, string.sub(v, 1, 33) .. lease_at .. lease_at .. string.sub(v, 66), 'PX', lease_ms)
     redis.call('PEXPIRE', k .. ':stream', lease_ms)
+    outlive(k, lease_ms)
   else
     redis.call('SET', k, string.sub(v, 1, 49) .. lease_at .. string.sub(v, 66), 'KEEPTTL')
   end
@@ -193,6 +234,7 @@ end
 
 /// 1: renewed, 0: lost. ARGV: token, lease expiry, lease in ms (see `renew_fn!`).
 pub(super) const RENEW: &str = concat!(
+    blob_fns!(),
     renew_fn!(),
     "return renew(KEYS[1], ARGV[1], ARGV[2], ARGV[3])\n"
 );
@@ -200,6 +242,7 @@ pub(super) const RENEW: &str = concat!(
 /// The renewals of a batch's keys, one answer per key in order (1: renewed, 0: lost). ARGV:
 /// lease expiry, lease in ms, then the token of each key.
 pub(super) const RENEW_BATCH: &str = concat!(
+    blob_fns!(),
     renew_fn!(),
     r"
 local out = {}
@@ -245,10 +288,13 @@ return out
 );
 
 /// Chunks appended to a claimed key's stream. KEYS: the record, its stream. ARGV: the token,
-/// the position of the first chunk, the chunks. Answers `{0}`: the token lost the key; `{1, n}`:
-/// the stream holds `n` chunks, these among them; `{-1, n}`: the append starts past the end of
-/// a stream of `n` (nothing written). A token's first append drops an earlier holder's chunks.
-pub(super) const APPEND_CHUNKS: &str = r"
+/// the position of the first chunk, then for each chunk the hash of its blob (empty: kept in
+/// the stream) and its bytes. Answers `{0}`: the token lost the key; `{1, n}`: the stream holds
+/// `n` chunks, these among them; `{-1, n}`: the append starts past the end of a stream of `n`
+/// (nothing written). A token's first append drops an earlier holder's chunks.
+pub(super) const APPEND_CHUNKS: &str = concat!(
+    blob_fns!(),
+    r"
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 33, 33) ~= 'i' or string.sub(v, 82, 100) ~= ARGV[1] then return {0} end
 local s = KEYS[2]
@@ -256,24 +302,34 @@ local n = 0
 if redis.call('HGET', s, 't') == ARGV[1] then
   n = tonumber(redis.call('HGET', s, 'n'))
 else
-  redis.call('DEL', s)
+  drop_stream(KEYS[1])
 end
 local first = tonumber(ARGV[2])
-local count = #ARGV - 2
+local count = (#ARGV - 2) / 2
 if first > n then return {-1, n} end
+local ttl = redis.call('PTTL', KEYS[1])
+local listed = ''
 for i = n - first + 1, count do
-  redis.call('HSET', s, tostring(first + i - 1), ARGV[2 + i])
+  local hash, data, seq = ARGV[1 + 2 * i], ARGV[2 + 2 * i], tostring(first + i - 1)
+  if hash == '' then
+    redis.call('HSET', s, seq, data)
+  else
+    redis.call('HSET', s, 'b' .. seq, hash)
+    keep(KEYS[1], hash, data, ttl)
+    listed = listed .. hash
+  end
 end
 if first + count > n then n = first + count end
 redis.call('HSET', s, 't', ARGV[1], 'n', tostring(n))
-local ttl = redis.call('PTTL', KEYS[1])
+if listed ~= '' then redis.call('HSET', s, 'bl', (redis.call('HGET', s, 'bl') or '') .. listed) end
 if ttl > 0 then redis.call('PEXPIRE', s, ttl) end
 return {1, n}
-";
+"
+);
 
-/// A record (as if its result were in it) and a page of its current token's stream. KEYS: the
-/// record, its stream. ARGV: the position of the first chunk, the most to read. Answers `{}`
-/// without a record, else the record and the chunks.
+/// A record (as if its result were in it) and a page of its current token's stream (a chunk
+/// kept as a blob read from it). KEYS: the record, its stream. ARGV: the position of the first
+/// chunk, the most to read. Answers `{}` without a record, else the record and the chunks.
 pub(super) const READ_CHUNKS: &str = concat!(
     blob_fns!(),
     r"
@@ -287,7 +343,13 @@ if redis.call('HGET', KEYS[2], 't') == string.sub(v, 82, 100) then
     local fields = {}
     for i = from, last do fields[#fields + 1] = tostring(i) end
     local got = redis.call('HMGET', KEYS[2], unpack(fields))
-    for i = 1, #got do out[#out + 1] = got[i] end
+    for i = 1, #fields do
+      local chunk = got[i]
+      if not chunk then
+        chunk = blob_data(KEYS[1], redis.call('HGET', KEYS[2], 'b' .. fields[i]))
+      end
+      out[#out + 1] = chunk
+    end
   end
 end
 return out
@@ -306,14 +368,15 @@ return {whole(KEYS[1], v), redis.call('GET', KEYS[2])}
 );
 
 /// An operator's deletion of a record, whatever its state: its note and its stream's chunks go
-/// with it, and it lets go of its blob. KEYS: the record, its note. 1: deleted, 0: none.
+/// with it, and it lets go of its blob and its chunks'. KEYS: the record, its note. 1: deleted, 0: none.
 pub(super) const DELETE: &str = concat!(
     blob_fns!(),
     r"
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 let_go(KEYS[1], v)
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[1] .. ':stream')
+drop_stream(KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 "
 );

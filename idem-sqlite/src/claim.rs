@@ -97,6 +97,8 @@ pub(super) enum Op {
         token: FencingToken,
         first: u64,
         chunks: Vec<Vec<u8>>,
+        /// The blob of each chunk stored apart (`None`: in its row).
+        blobs: Vec<Option<BlobHash>>,
     },
     /// The operations of a batch's items, in one job of the group commit: all of them or, if
     /// one fails, none (a savepoint).
@@ -201,8 +203,9 @@ pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
             token,
             first,
             chunks,
+            blobs,
         } => all_or_nothing(tx, "append_chunks", || {
-            append(tx, &tenant, &key, token, first, &chunks)
+            append(tx, &tenant, &key, token, first, &chunks, &blobs)
         }),
         Op::Claim {
             tenant,
@@ -441,6 +444,7 @@ fn complete(
 
 /// Appends `chunks` at `first` to the stream of `key` if `token` owns its `in_flight` record
 /// (see `idem_core::store::stream`): a new holder's first append drops an older holder's chunks.
+/// A chunk with a blob hash (in `blobs`, one per chunk) is written to its blob, once.
 fn append(
     tx: &Connection,
     tenant: &str,
@@ -448,6 +452,7 @@ fn append(
     token: FencingToken,
     first: u64,
     chunks: &[Vec<u8>],
+    blobs: &[Option<BlobHash>],
 ) -> Result<Reply, StoreError> {
     let err = |e| sql_error("append_chunks", e);
     let (key, token) = (&key.as_bytes()[..], token.get() as i64);
@@ -481,13 +486,30 @@ fn append(
     };
     let mut insert = tx
         .prepare_cached(
-            "INSERT INTO idem_chunks (tenant, key, token, seq, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO idem_chunks (tenant, key, token, seq, data, blob) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
         .map_err(err)?;
-    for (seq, chunk) in (first + skip as u64..).zip(&chunks[skip..]) {
-        insert
-            .execute(params![tenant, key, token, seq as i64, chunk])
-            .map_err(err)?;
+    let mut keep = tx
+        .prepare_cached(
+            "INSERT INTO idem_blobs (tenant, hash, data) VALUES (?1, ?2, ?3) \
+             ON CONFLICT DO NOTHING",
+        )
+        .map_err(err)?;
+    let appended = (first + skip as u64..)
+        .zip(&chunks[skip..])
+        .zip(&blobs[skip..]);
+    for ((seq, chunk), blob) in appended {
+        let seq = seq as i64;
+        match blob {
+            None => insert.execute(params![tenant, key, token, seq, chunk, None::<&[u8]>]),
+            Some(hash) => {
+                let hash = &hash.as_bytes()[..];
+                keep.execute(params![tenant, hash, chunk])
+                    .and_then(|_| insert.execute(params![tenant, key, token, seq, &[][..], hash]))
+            }
+        }
+        .map_err(err)?;
     }
     Ok(fenced(1))
 }
@@ -527,8 +549,10 @@ pub(super) fn read_page(
     };
     let chunks = tx
         .prepare_cached(
-            "SELECT data FROM idem_chunks WHERE tenant = ?1 AND key = ?2 AND token = ?3 \
-             AND seq >= ?4 ORDER BY seq LIMIT ?5",
+            "SELECT CASE WHEN c.blob IS NULL THEN c.data ELSE (SELECT b.data FROM idem_blobs b \
+             WHERE b.tenant = c.tenant AND b.hash = c.blob) END FROM idem_chunks c \
+             WHERE c.tenant = ?1 AND c.key = ?2 AND c.token = ?3 AND c.seq >= ?4 \
+             ORDER BY c.seq LIMIT ?5",
         )
         .and_then(|mut s| {
             s.query_map(
@@ -539,11 +563,22 @@ pub(super) fn read_page(
                     i64::try_from(from).unwrap_or(i64::MAX),
                     limit.max(1) as i64
                 ],
-                |r| r.get::<_, Vec<u8>>(0),
+                |r| r.get::<_, Option<Vec<u8>>>(0),
             )?
             .collect::<Result<Vec<_>, _>>()
         })
-        .map_err(err)?;
+        .map_err(err)?
+        .into_iter()
+        .map(|chunk| {
+            chunk.ok_or_else(|| {
+                StoreError::new(
+                    BACKEND,
+                    StoreErrorKind::Corrupt,
+                    "read_chunks: a chunk names a blob that is not in idem_blobs",
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     tx.finish().map_err(err)?;
     Ok(Some(StreamPage { record, chunks }))
 }

@@ -354,12 +354,18 @@ impl Store for SqliteStore {
     /// The chunks in one job of the group commit: durable before the answer.
     fn append_chunks<'a>(&'a self, a: ChunkAppend<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
+            let threshold = self.shared.options.blob_threshold;
             let op = Op::Append {
                 tenant: a.tenant.to_owned(),
                 key: a.key,
                 token: a.token,
                 first: a.first,
                 chunks: a.chunks.to_vec(),
+                blobs: a
+                    .chunks
+                    .iter()
+                    .map(|c| blob::chunk_apart(c, threshold))
+                    .collect(),
             };
             self.shared.write_fenced(op).await
         })

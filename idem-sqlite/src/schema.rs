@@ -12,8 +12,9 @@ use idem_core::{StoreError, StoreErrorKind};
 /// The schema version this build writes (2 added the `unknown` status and the operator's
 /// `note`; 3 spells the status check as comparisons, for an `IN` list made SQLite build a
 /// temporary b-tree at every insert and update of a record; 4 added the chunks of streams; 5 the
-/// blobs of large results; files of versions 1 to 4 are upgraded on open).
-pub const SCHEMA_VERSION: u32 = 5;
+/// blobs of large results; 6 lets chunks name blobs; files of versions 1 to 5 are upgraded on
+/// open).
+pub const SCHEMA_VERSION: u32 = 6;
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idem_meta (
@@ -39,22 +40,24 @@ CREATE TABLE IF NOT EXISTS idem_records (
 CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at);
 -- A rowid table: its rows (a chunk each, often kilobytes) stay out of the index's pages, where
 -- a WITHOUT ROWID table would put them (twice as slow to append and to read, 1 KiB chunks).
+-- A chunk past the threshold names a blob (`blob`, its `data` empty).
 CREATE TABLE IF NOT EXISTS idem_chunks (
     tenant TEXT    NOT NULL,
     key    BLOB    NOT NULL,
     token  INTEGER NOT NULL,
     seq    INTEGER NOT NULL,
     data   BLOB    NOT NULL,
+    blob   BLOB,
     PRIMARY KEY (tenant, key, token, seq)
 );
 CREATE TRIGGER IF NOT EXISTS idem_records_drop_chunks AFTER DELETE ON idem_records
 BEGIN
     DELETE FROM idem_chunks WHERE tenant = old.tenant AND key = old.key;
 END;
--- Completed results past the threshold, once per tenant and SHA-256 (`blob`, in the records
--- that name one): the completion that names a blob writes it if it is new, and these triggers
--- delete it, in the transaction that deletes a record or makes it name another, when no record
--- names it any more. No count to keep: SQLite rewrites a whole row, overflow pages and all, to
+-- Completed results and chunks past the threshold, once per tenant and SHA-256 (`blob`, in the
+-- records and chunks that name one): the completion or append that names a blob writes it if it
+-- is new, and these triggers delete it, in the transaction that deletes a record or a chunk or
+-- makes a record name another, when no record and no chunk names it any more. No count to keep: SQLite rewrites a whole row, overflow pages and all, to
 -- change one column of it, so counting references in the blob's row would write the blob again
 -- at every completion that names it.
 CREATE TABLE IF NOT EXISTS idem_blobs (
@@ -65,17 +68,28 @@ CREATE TABLE IF NOT EXISTS idem_blobs (
 );
 CREATE INDEX IF NOT EXISTS idem_records_blob ON idem_records (tenant, blob)
 WHERE blob IS NOT NULL;
+CREATE INDEX IF NOT EXISTS idem_chunks_blob ON idem_chunks (tenant, blob)
+WHERE blob IS NOT NULL;
 CREATE TRIGGER IF NOT EXISTS idem_records_drop_blob AFTER DELETE ON idem_records
 WHEN old.blob IS NOT NULL
 BEGIN
-    DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob AND NOT EXISTS
-        (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob);
+    DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob
+        AND NOT EXISTS (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob)
+        AND NOT EXISTS (SELECT 1 FROM idem_chunks WHERE tenant = old.tenant AND blob = old.blob);
 END;
 CREATE TRIGGER IF NOT EXISTS idem_records_move_blob AFTER UPDATE OF blob ON idem_records
 WHEN old.blob IS NOT NULL AND old.blob IS NOT new.blob
 BEGIN
-    DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob AND NOT EXISTS
-        (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob);
+    DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob
+        AND NOT EXISTS (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob)
+        AND NOT EXISTS (SELECT 1 FROM idem_chunks WHERE tenant = old.tenant AND blob = old.blob);
+END;
+CREATE TRIGGER IF NOT EXISTS idem_chunks_drop_blob AFTER DELETE ON idem_chunks
+WHEN old.blob IS NOT NULL
+BEGIN
+    DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob
+        AND NOT EXISTS (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob)
+        AND NOT EXISTS (SELECT 1 FROM idem_chunks WHERE tenant = old.tenant AND blob = old.blob);
 END;
 ";
 
@@ -203,14 +217,31 @@ pub(super) fn migrate(conn: &mut Connection, busy_timeout: Duration) -> Result<(
         }
         Some(v) if v == i64::from(SCHEMA_VERSION) => {}
         Some(v @ (1 | 2)) => upgrade(&tx, v)?,
-        // The chunks' table (4) and the blobs' (5) are new; the records gain the blob's column.
-        Some(v @ (3 | 4)) => tx
-            .execute_batch(&format!(
-                "ALTER TABLE idem_records ADD COLUMN blob BLOB; \
-                 {SCHEMA} UPDATE idem_meta SET value = {SCHEMA_VERSION} \
-                 WHERE name = 'schema_version';"
+        // What a version lacks, then the schema's new tables, indexes and triggers: the chunks'
+        // table (4), the blobs' and the records' blob column (5), the chunks' blob column and
+        // the blob triggers that look at chunks too (6).
+        Some(v @ 3..=5) => {
+            let records = if v < 5 {
+                "ALTER TABLE idem_records ADD COLUMN blob BLOB;"
+            } else {
+                ""
+            };
+            let chunks = if v >= 4 {
+                "ALTER TABLE idem_chunks ADD COLUMN blob BLOB;"
+            } else {
+                ""
+            };
+            let triggers = if v == 5 {
+                "DROP TRIGGER idem_records_drop_blob; DROP TRIGGER idem_records_move_blob;"
+            } else {
+                ""
+            };
+            tx.execute_batch(&format!(
+                "{records} {chunks} {triggers} {SCHEMA} UPDATE idem_meta SET value = \
+                 {SCHEMA_VERSION} WHERE name = 'schema_version';"
             ))
-            .map_err(|e| sql_error(&format!("upgrading the schema from version {v}"), e))?,
+            .map_err(|e| sql_error(&format!("upgrading the schema from version {v}"), e))?
+        }
         Some(v) if v > i64::from(SCHEMA_VERSION) => {
             return Err(StoreError::new(
                 BACKEND,
@@ -354,28 +385,49 @@ mod tests {
         assert!(err.to_string().contains("CHECK"), "{err}");
     }
 
-    /// A file of version 3 or 4, made by this build and taken back: without the blobs (and,
-    /// for 3, the chunks).
+    /// A file of version 3, 4 or 5, made by this build and taken back: chunks without blobs,
+    /// and the blob triggers of 5 (for 4, no blobs; for 3, no chunks either).
     fn older_file(path: &std::path::Path, version: u32) {
         drop(SqliteStore::open_path(path).unwrap());
         let conn = Connection::open(path).unwrap();
-        let chunks = if version == 3 {
-            "DROP TRIGGER idem_records_drop_chunks; DROP TABLE idem_chunks;"
-        } else {
-            ""
+        conn.execute_batch(
+            "DROP TRIGGER idem_records_drop_blob; DROP TRIGGER idem_records_move_blob;
+             DROP TRIGGER idem_chunks_drop_blob; DROP INDEX idem_chunks_blob;
+             ALTER TABLE idem_chunks DROP COLUMN blob;",
+        )
+        .unwrap();
+        let older = match version {
+            5 => {
+                "CREATE TRIGGER idem_records_drop_blob AFTER DELETE ON idem_records
+                 WHEN old.blob IS NOT NULL BEGIN
+                     DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob AND NOT
+                     EXISTS (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob);
+                 END;
+                 CREATE TRIGGER idem_records_move_blob AFTER UPDATE OF blob ON idem_records
+                 WHEN old.blob IS NOT NULL AND old.blob IS NOT new.blob BEGIN
+                     DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob AND NOT
+                     EXISTS (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob);
+                 END;"
+            }
+            4 => {
+                "DROP INDEX idem_records_blob; DROP TABLE idem_blobs;
+                 ALTER TABLE idem_records DROP COLUMN blob;"
+            }
+            _ => {
+                "DROP INDEX idem_records_blob; DROP TABLE idem_blobs;
+                 ALTER TABLE idem_records DROP COLUMN blob;
+                 DROP TRIGGER idem_records_drop_chunks; DROP TABLE idem_chunks;"
+            }
         };
         conn.execute_batch(&format!(
-            "{chunks} DROP TRIGGER idem_records_drop_blob; DROP TRIGGER idem_records_move_blob;
-             DROP INDEX idem_records_blob; DROP TABLE idem_blobs;
-             ALTER TABLE idem_records DROP COLUMN blob;
-             UPDATE idem_meta SET value = {version} WHERE name = 'schema_version';"
+            "{older} UPDATE idem_meta SET value = {version} WHERE name = 'schema_version';"
         ))
         .unwrap();
     }
 
     #[tokio::test]
-    async fn versions_3_and_4_are_upgraded_with_the_chunks_and_the_blobs() {
-        for version in [3, 4] {
+    async fn versions_3_to_5_are_upgraded_with_the_chunks_and_the_blobs() {
+        for version in [3, 4, 5] {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("old.db");
             older_file(&path, version);
@@ -386,17 +438,32 @@ mod tests {
                 .query_row(
                     "SELECT count(*) FROM sqlite_master WHERE name IN ('idem_chunks', \
                      'idem_records_drop_chunks', 'idem_blobs', 'idem_records_blob', \
-                     'idem_records_drop_blob', 'idem_records_move_blob')",
+                     'idem_records_drop_blob', 'idem_records_move_blob', 'idem_chunks_blob', \
+                     'idem_chunks_drop_blob')",
                     [],
                     |r| r.get(0),
                 )
                 .unwrap();
             assert_eq!(
-                made, 6,
-                "version {version}: the tables, the index, the triggers"
+                made, 8,
+                "version {version}: the tables, the indexes, the triggers"
             );
             conn.execute("UPDATE idem_records SET blob = NULL", [])
                 .expect("the records have the blob's column");
+            conn.execute("UPDATE idem_chunks SET blob = NULL", [])
+                .expect("the chunks have the blob's column");
+            let triggers: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' \
+                     AND name LIKE 'idem_records_%_blob' AND sql LIKE '%idem_chunks%'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(
+                triggers, 2,
+                "version {version}: the records' triggers see chunks"
+            );
         }
     }
 

@@ -10,6 +10,8 @@
 //!   not 100.
 //! - Purging the records (SQL stores: expired records, by the store's purge; Redis: an
 //!   operator's deletions, since Redis expires records on its own) leaves no blob behind.
+//! - A stream of 30 chunks of 256 KiB, three distinct ones in turn, stores three blobs; a retry
+//!   through a second store replays the 30 byte-identical; deleting the record leaves none.
 
 use std::sync::Arc;
 
@@ -21,7 +23,7 @@ use idem::store::conformance::test_server_url;
 use idem::store::postgres::PostgresStore;
 use idem::store::redis::RedisStore;
 use idem::store::sqlite::SqliteStore;
-use idem::{Idem, derive_key, idempotent};
+use idem::{Emitter, Idem, derive_key, idempotent};
 
 const MIB: usize = 1 << 20;
 
@@ -52,6 +54,21 @@ fn document(len: usize, seed: u64) -> String {
 async fn export(run_id: String, size: usize, seed: u64) -> Result<String, std::io::Error> {
     RUNS.lock().unwrap().push(run_id);
     Ok(document(size, seed))
+}
+
+/// Streams `count` chunks of `size` characters: chunk `n` is the document of seed `n % 3`.
+#[idempotent(key = "run_id", mutating, name = "large.chapters")]
+async fn chapters(
+    run_id: String,
+    count: u64,
+    size: usize,
+    out: Emitter<String>,
+) -> Result<u64, std::io::Error> {
+    RUNS.lock().unwrap().push(run_id);
+    for n in 0..count {
+        out.emit(document(size, n % 3)).await;
+    }
+    Ok(count)
 }
 
 fn run_id() -> String {
@@ -97,6 +114,49 @@ async fn a_10_mib_result_round_trips(first: Arc<dyn AdminStore>, second: Arc<dyn
     assert!(
         held.bytes >= 10 * MIB as u64 && held.bytes < 10 * MIB as u64 + 1024,
         "the blob is the encoded result: {held:?}"
+    );
+}
+
+/// 30 chunks of 256 KiB, three distinct: three blobs, a byte-identical replay through another
+/// store on the same database, and none once the record is deleted.
+async fn large_chunks_are_stored_once(first: Arc<dyn AdminStore>, second: Arc<dyn AdminStore>) {
+    let tenant = tenant();
+    let run = run_id();
+    let size = 256 * 1024;
+    let expected: Vec<String> = (0..30).map(|n| document(size, n % 3)).collect();
+    let fresh = Idem::with_store(first.clone())
+        .scope(tenant.as_str())
+        .run(chapters(run.clone(), 30, size))
+        .await
+        .unwrap();
+    let (chunks, end) = fresh.into_value().unwrap().collect().await.unwrap();
+    assert_eq!(end, 30);
+    assert!(chunks == expected, "the fresh call's chunks");
+    let held = usage(&*first, &tenant).await;
+    assert_eq!(
+        held.blobs, 3,
+        "three distinct chunks, three blobs: {held:?}"
+    );
+    assert!(
+        held.bytes >= 3 * size as u64 && held.bytes < 3 * size as u64 + 1024,
+        "each blob is an encoded chunk: {held:?}"
+    );
+    let again = Idem::with_store(second)
+        .scope(tenant.as_str())
+        .run(chapters(run.clone(), 30, size))
+        .await
+        .unwrap();
+    assert!(again.is_replayed(), "{again:?}");
+    let (replayed, end) = again.into_value().unwrap().collect().await.unwrap();
+    assert_eq!(end, 30);
+    assert!(replayed == expected, "the replay is byte-identical");
+    assert_eq!(ran(&run), 1, "the body ran once");
+    let key = derive_key(&tenant, "large.chapters", &[KeyPart::new(&run).unwrap()]);
+    first.delete(&tenant, key).await.unwrap();
+    assert_eq!(
+        usage(&*first, &tenant).await,
+        BlobUsage::default(),
+        "no blob left"
     );
 }
 
@@ -217,6 +277,32 @@ async fn a_10_mib_result_round_trips_on_redis() {
     let first = RedisStore::open_url(&url).await.unwrap();
     let second = RedisStore::open_url(&url).await.unwrap();
     a_10_mib_result_round_trips(Arc::new(first), Arc::new(second)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_chunks_are_stored_once_on_sqlite() {
+    let (first, second, _dir) = sqlite_pair();
+    large_chunks_are_stored_once(first, second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_chunks_are_stored_once_on_postgres() {
+    let Some(url) = test_server_url("IDEM_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let first = PostgresStore::open_url(&url).await.unwrap();
+    let second = PostgresStore::open_url(&url).await.unwrap();
+    large_chunks_are_stored_once(Arc::new(first), Arc::new(second)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_chunks_are_stored_once_on_redis() {
+    let Some(url) = test_server_url("IDEM_TEST_REDIS_URL") else {
+        return;
+    };
+    let first = RedisStore::open_url(&url).await.unwrap();
+    let second = RedisStore::open_url(&url).await.unwrap();
+    large_chunks_are_stored_once(Arc::new(first), Arc::new(second)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -304,6 +304,9 @@ impl rmcp::ClientHandler for Listener {
     }
 }
 
+/// A progress notification as the test compares it: progress, total, message.
+type Note = (f64, Option<f64>, Option<String>);
+
 impl Listener {
     /// How many notifications came.
     fn count(&self) -> usize {
@@ -313,12 +316,12 @@ impl Listener {
     /// The notes received once `count` came (or 10 s passed), by the token they were sent to
     /// (rmcp's client gives each request a token of its own), each token's in the order of
     /// their progress (the client may handle them out of order): progress, total, message.
-    async fn by_token(&self, count: usize) -> Vec<Vec<(f64, Option<f64>, Option<String>)>> {
+    async fn by_token(&self, count: usize) -> Vec<Vec<Note>> {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         while self.count() < count && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        let mut tokens: Vec<(String, Vec<(f64, Option<f64>, Option<String>)>)> = Vec::new();
+        let mut tokens: Vec<(String, Vec<Note>)> = Vec::new();
         for note in self.notes.lock().unwrap().iter() {
             let token = serde_json::to_string(&note.progress_token).unwrap();
             let entry = (note.progress, note.total, note.message.clone());
@@ -361,7 +364,7 @@ async fn a_retried_export_replays_its_progress_notifications() {
         .await
         .unwrap();
 
-    let rows = |n: u32| -> Vec<_> {
+    let rows = |n: u32| -> Vec<Note> {
         (1..=n)
             .map(|row| {
                 (

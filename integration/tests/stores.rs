@@ -214,7 +214,7 @@ async fn postgres_version_1_schema_is_upgraded_with_its_records() {
     ))
     .await
     .get(0);
-    assert_eq!(version, 4, "upgraded to this build's version");
+    assert_eq!(version, 5, "upgraded to this build's version");
     let tables: bool = one(format!(
         r#"SELECT to_regclass('"{schema}".idem_chunks') IS NOT NULL
                AND to_regclass('"{schema}".idem_blobs') IS NOT NULL"#
@@ -226,12 +226,20 @@ async fn postgres_version_1_schema_is_upgraded_with_its_records() {
         "the chunks of streams and the blobs have their tables"
     );
     let triggers: i64 = one(format!(
-        r#"SELECT count(*) FROM pg_trigger WHERE tgrelid = '"{schema}".idem_records'::regclass
-               AND tgname IN ('idem_records_drop_blob', 'idem_records_move_blob')"#
+        r#"SELECT count(*) FROM pg_trigger WHERE tgrelid IN ('"{schema}".idem_records'::regclass,
+               '"{schema}".idem_chunks'::regclass) AND tgname IN ('idem_records_drop_blob',
+               'idem_records_move_blob', 'idem_chunks_drop_blob')"#
     ))
     .await
     .get(0);
-    assert_eq!(triggers, 2, "the blobs' triggers");
+    assert_eq!(triggers, 3, "the blobs' triggers");
+    let chunk_blobs: bool = one(format!(
+        r#"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid =
+               '"{schema}".idem_chunks'::regclass AND attname = 'blob' AND NOT attisdropped)"#
+    ))
+    .await
+    .get(0);
+    assert!(chunk_blobs, "the chunks name blobs");
     let kept: Vec<u8> = one(format!(
         r#"SELECT result FROM "{schema}".idem_records WHERE tenant = 'old'"#
     ))

@@ -6,7 +6,8 @@
 //! |---|---|
 //! | a result of at most the threshold (default [`DEFAULT_THRESHOLD`], 64 KiB), or an `unknown` record's | in the record, as before |
 //! | a larger `completed` result | once per tenant and [`BlobHash`], in the store's blobs (a table, a key space); the record names it |
-//! | a blob's references | counted in the transaction or script that writes or deletes a record: the completion that names it adds one, deleting the record (purge, an operator) or replacing it (a claim over an expired one) takes one away, and the last one away deletes the blob |
+//! | a stream's chunk longer than the threshold | the same blobs, named by the chunk ([`chunk_apart`]) |
+//! | a blob's references | counted in the transaction or script that writes or deletes a record or a chunk: the completion or append that names it adds one; deleting the record (purge, an operator) or replacing it (a claim over an expired one), or dropping a chunk (with its record, or by a new holder's first append) takes one away; the last one away deletes the blob |
 //!
 //! Nothing changes for callers: a claim that replays, a lookup, a page of a stream read the
 //! result whole, from the same snapshot as the record (a reader never finds a record whose
@@ -57,6 +58,13 @@ pub fn stored_apart(status: RecordStatus, result: &[u8], threshold: usize) -> Op
     (status == RecordStatus::Completed && result.len() > threshold).then(|| BlobHash::of(result))
 }
 
+/// The blob a stream's chunk is written to, if it is stored apart at `threshold`: a chunk longer
+/// than the threshold is, shared like results are by every record and chunk of the tenant
+/// holding the same bytes.
+pub fn chunk_apart(chunk: &[u8], threshold: usize) -> Option<BlobHash> {
+    (chunk.len() > threshold).then(|| BlobHash::of(chunk))
+}
+
 /// Parses the `blob_threshold` option of a store's URL: a number of bytes (at least 1), or
 /// `off` for no blobs at all (every result stays in its record).
 pub fn parse_threshold(value: &str) -> Result<usize, String> {
@@ -101,6 +109,8 @@ mod tests {
             stored_apart(RecordStatus::Completed, &big, usize::MAX),
             None
         );
+        assert_eq!(chunk_apart(&big, 100), Some(BlobHash::of(&big)));
+        assert_eq!(chunk_apart(&big[..100], 100), None);
     }
 
     #[test]

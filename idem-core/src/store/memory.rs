@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::Arc;
 
 use super::admin::{self, AdminStore, Driver, Opened, Page, Resolution, invalid_url};
-use super::blob::{self, BlobHash, BlobUsage};
+use super::blob::{self, BlobHash, BlobUsage, chunk_apart};
 use super::stream::{AppendAt, out_of_order};
 use super::{
     ChunkAppend, ChunkRead, Claim, ClaimRequest, Completion, Decision, Fenced, FencingToken,
@@ -67,7 +67,14 @@ struct Entry {
     blob: Option<BlobHash>,
     /// The token whose chunks these are (a new holder's first append drops an older one's).
     stream_token: FencingToken,
-    chunks: Vec<Vec<u8>>,
+    chunks: Vec<Chunk>,
+}
+
+/// A chunk of a stream: its bytes, or the blob holding them.
+#[derive(Debug)]
+enum Chunk {
+    Inline(Vec<u8>),
+    Blob(BlobHash),
 }
 
 impl From<Record> for Entry {
@@ -102,43 +109,64 @@ impl std::ops::DerefMut for Tenant {
     }
 }
 
+/// A tenant's blobs, each with how many records and chunks name it.
+type Blobs = HashMap<BlobHash, (Vec<u8>, usize)>;
+
+/// One more reference to the blob `hash` of `data`, written if it is new.
+fn keep(blobs: &mut Blobs, hash: BlobHash, data: &[u8]) {
+    blobs.entry(hash).or_insert_with(|| (data.to_vec(), 0)).1 += 1;
+}
+
+/// One reference less to `blob`: the last one deletes it.
+fn let_go(blobs: &mut Blobs, blob: Option<BlobHash>) {
+    let Some(hash) = blob else { return };
+    if let Some((_, refs)) = blobs.get_mut(&hash) {
+        *refs -= 1;
+        if *refs == 0 {
+            blobs.remove(&hash);
+        }
+    }
+}
+
+/// Drops `chunks`, letting go of the blobs they name.
+fn drop_chunks(blobs: &mut Blobs, chunks: Vec<Chunk>) {
+    for chunk in chunks {
+        if let Chunk::Blob(hash) = chunk {
+            let_go(blobs, Some(hash));
+        }
+    }
+}
+
 impl Tenant {
-    /// Stores `entry` under `key`; a record it replaces lets go of its blob.
+    /// Stores `entry` under `key`; a record it replaces lets go of its blob and its chunks'.
     fn insert(&mut self, key: IdempotencyKey, entry: Entry) {
         if let Some(old) = self.records.insert(key, entry) {
-            self.let_go(old.blob);
+            self.forget(old);
         }
     }
 
-    /// Deletes the record of `key`, letting go of its blob.
-    fn remove(&mut self, key: &IdempotencyKey) -> Option<Entry> {
+    /// Deletes the record of `key`, letting go of its blob and its chunks'.
+    fn remove(&mut self, key: &IdempotencyKey) -> Option<Record> {
         let old = self.records.remove(key)?;
-        self.let_go(old.blob);
-        Some(old)
+        Some(self.forget(old))
+    }
+
+    /// Lets go of what a deleted `entry` named; its record.
+    fn forget(&mut self, entry: Entry) -> Record {
+        let_go(&mut self.blobs, entry.blob);
+        drop_chunks(&mut self.blobs, entry.chunks);
+        entry.record
     }
 
     /// Settles `key`'s record with `result`: in the record, or in a blob it names.
     fn settle(&mut self, key: &IdempotencyKey, result: &[u8], blob: Option<BlobHash>) {
         if let Some(hash) = blob {
-            self.blobs
-                .entry(hash)
-                .or_insert_with(|| (result.to_vec(), 0))
-                .1 += 1;
+            keep(&mut self.blobs, hash, result);
         }
         let entry = self.records.get_mut(key).expect("a settled record");
         let old = std::mem::replace(&mut entry.blob, blob);
         entry.record.result = blob.is_none().then(|| result.to_vec());
-        self.let_go(old);
-    }
-
-    fn let_go(&mut self, blob: Option<BlobHash>) {
-        let Some(hash) = blob else { return };
-        if let Some((_, refs)) = self.blobs.get_mut(&hash) {
-            *refs -= 1;
-            if *refs == 0 {
-                self.blobs.remove(&hash);
-            }
-        }
+        let_go(&mut self.blobs, old);
     }
 
     /// The stored result of `entry`, wherever it is.
@@ -315,7 +343,10 @@ impl Store for MemoryStore {
     fn append_chunks<'a>(&'a self, a: ChunkAppend<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
             self.with(|tenants| {
-                let Some(entry) = tenants.get_mut(a.tenant).and_then(|r| r.get_mut(&a.key)) else {
+                let Some(Tenant { records, blobs }) = tenants.get_mut(a.tenant) else {
+                    return Ok(Fenced::Lost);
+                };
+                let Some(entry) = records.get_mut(&a.key) else {
                     return Ok(Fenced::Lost);
                 };
                 if entry.record.token != a.token || entry.record.status != RecordStatus::InFlight {
@@ -323,12 +354,24 @@ impl Store for MemoryStore {
                 }
                 if entry.stream_token != a.token {
                     entry.stream_token = a.token;
-                    entry.chunks.clear();
+                    drop_chunks(blobs, std::mem::take(&mut entry.chunks));
                 }
                 let have = entry.chunks.len() as u64;
                 match AppendAt::decide(have, a.first, a.chunks.len()) {
                     AppendAt::Done => {}
-                    AppendAt::From(skip) => entry.chunks.extend_from_slice(&a.chunks[skip..]),
+                    AppendAt::From(skip) => {
+                        for chunk in &a.chunks[skip..] {
+                            entry
+                                .chunks
+                                .push(match chunk_apart(chunk, self.blob_threshold) {
+                                    Some(hash) => {
+                                        keep(blobs, hash, chunk);
+                                        Chunk::Blob(hash)
+                                    }
+                                    None => Chunk::Inline(chunk.clone()),
+                                });
+                        }
+                    }
                     AppendAt::Gap => return Err(out_of_order("memory", a.first, have)),
                 }
                 Ok(Fenced::Applied)
@@ -348,7 +391,10 @@ impl Store for MemoryStore {
                         .iter()
                         .skip(from)
                         .take(r.limit.max(1))
-                        .cloned()
+                        .map(|chunk| match chunk {
+                            Chunk::Inline(data) => data.clone(),
+                            Chunk::Blob(hash) => records.blobs[hash].0.clone(),
+                        })
                         .collect()
                 } else {
                     Vec::new()

@@ -1,14 +1,16 @@
-//! The checks of large results ([`blob`](crate::store::blob)): stored once per tenant, read
-//! back whole by every read, let go of by every deletion, never written by a completion that lost
-//! its key. They run on the admin side, whose [`AdminStore::blob_usage`] counts the blobs.
+//! The checks of large results and chunks ([`blob`](crate::store::blob)): stored once per
+//! tenant, read back whole by every read, let go of by every deletion, never written by a
+//! completion or an append that lost its key. They run on the admin side, whose [`AdminStore::blob_usage`] counts the blobs.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::support::{T0, TTL, acquire, claim, completion, fp, key, ms, tenant};
+use super::support::{LEASE, T0, TTL, acquire, claim, completion, fp, key, ms, tenant};
 use crate::store::admin::{AdminStore, Resolution};
 use crate::store::blob::{BlobUsage, DEFAULT_THRESHOLD};
-use crate::store::{ChunkRead, Claim, Completion, Fenced, FencingToken, RecordStatus};
+use crate::store::{
+    ChunkAppend, ChunkRead, Claim, Completion, Fenced, FencingToken, IdempotencyKey, RecordStatus,
+};
 
 /// Past the default threshold, so stored as a blob by a store built with its defaults.
 const BIG: usize = DEFAULT_THRESHOLD * 3;
@@ -223,4 +225,134 @@ pub async fn only_the_holder_writes_a_blob(store: Arc<dyn AdminStore>) {
     }
     store.delete(&t, u).await.expect("delete");
     assert_eq!(usage(&*store, &t).await, BlobUsage::default());
+}
+
+async fn append(
+    store: &dyn AdminStore,
+    tenant: &str,
+    key: IdempotencyKey,
+    token: FencingToken,
+    first: u64,
+    chunks: &[Vec<u8>],
+) -> Fenced {
+    let a = ChunkAppend {
+        tenant,
+        key,
+        token,
+        first,
+        chunks,
+    };
+    store.append_chunks(a).await.expect("append")
+}
+
+async fn chunks_of(store: &dyn AdminStore, tenant: &str, key: IdempotencyKey) -> Vec<Vec<u8>> {
+    let read = ChunkRead {
+        tenant,
+        key,
+        from: 0,
+        limit: 100,
+    };
+    let page = store.read_chunks(read).await.expect("read").expect("page");
+    page.chunks
+}
+
+/// A chunk past the threshold is a blob, shared with every chunk and result of the tenant of
+/// the same bytes and read back whole; dropping the chunks (their record deleted or expired, a
+/// new holder's first append) lets go of it, and an append fenced out writes none.
+pub async fn large_chunks_are_blobs_let_go_with_their_stream(store: Arc<dyn AdminStore>) {
+    let t = tenant();
+    let (a, b, small) = (bytes(6, BIG), bytes(7, BIG), bytes(8, 1024));
+    let k0 = key(&t, 0);
+    let token = acquire(&*store, claim(&t, k0, fp(1), T0)).await;
+    let stream = vec![a.clone(), small.clone(), a.clone(), b.clone()];
+    for _ in 0..2 {
+        let applied = append(&*store, &t, k0, token, 0, &stream).await;
+        assert_eq!(
+            applied,
+            Fenced::Applied,
+            "an append, and its delivery again"
+        );
+    }
+    let two = BlobUsage {
+        blobs: 2,
+        bytes: 2 * BIG as u64,
+    };
+    assert_eq!(
+        usage(&*store, &t).await,
+        two,
+        "two large chunks of one bytes, one blob"
+    );
+    assert!(
+        chunks_of(&*store, &t, k0).await == stream,
+        "read back whole, in order"
+    );
+    let zombie = FencingToken::from_raw(token.get() ^ 1);
+    let fenced = append(&*store, &t, k0, zombie, 4, &[bytes(9, BIG)]).await;
+    assert_eq!(fenced, Fenced::Lost);
+    assert_eq!(
+        usage(&*store, &t).await,
+        two,
+        "a fenced-out append writes no blob"
+    );
+    let done = store
+        .complete(completion(&t, k0, token, &a, T0))
+        .await
+        .expect("complete");
+    assert_eq!(done, Fenced::Applied);
+    assert_eq!(
+        usage(&*store, &t).await,
+        two,
+        "a result shares a chunk's blob"
+    );
+    assert!(
+        chunks_of(&*store, &t, k0).await == stream,
+        "a completed stream too"
+    );
+
+    // Another key's stream names `b` too: deleting the first record lets go of `a` only.
+    let k1 = key(&t, 1);
+    let token1 = acquire(&*store, claim(&t, k1, fp(1), T0)).await;
+    append(&*store, &t, k1, token1, 0, std::slice::from_ref(&b)).await;
+    store.delete(&t, k0).await.expect("delete");
+    assert_eq!(
+        usage(&*store, &t).await,
+        BlobUsage {
+            blobs: 1,
+            bytes: BIG as u64
+        },
+        "the record and chunks that named `a` are gone, `b` is still named"
+    );
+    // A new holder of k1 (its lease lapsed) drops the chunks of the first at its first append.
+    let later = T0 + ms(LEASE) + 1;
+    let token2 = acquire(&*store, claim(&t, k1, fp(1), later)).await;
+    append(&*store, &t, k1, token2, 0, std::slice::from_ref(&small)).await;
+    assert_eq!(
+        usage(&*store, &t).await,
+        BlobUsage::default(),
+        "dropped with its chunk"
+    );
+    assert!(chunks_of(&*store, &t, k1).await == vec![small.clone()]);
+
+    // Chunks whose record expires take their blobs with them: purged by SQL stores, expired
+    // by Redis.
+    let k2 = key(&t, 2);
+    let token = acquire(&*store, claim(&t, k2, fp(1), T0)).await;
+    append(&*store, &t, k2, token, 0, std::slice::from_ref(&a)).await;
+    let c = Completion {
+        ttl: Duration::from_millis(20),
+        ..completion(&t, k2, token, b"small", T0)
+    };
+    store.complete(c).await.expect("complete");
+    if store.expires_on_its_own() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    } else {
+        let purged = store.purge_expired(T0 + 1_000, 100).await.expect("purge");
+        assert!(purged >= 1, "the expired record is purged");
+    }
+    store.delete(&t, k1).await.expect("delete");
+    assert_eq!(
+        usage(&*store, &t).await,
+        BlobUsage::default(),
+        "no blob outlives its chunks"
+    );
 }

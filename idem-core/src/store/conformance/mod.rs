@@ -83,7 +83,8 @@ macro_rules! admin_conformance_tests {
             resolve_settles_only_blocked_records,
             large_results_are_stored_once_per_tenant,
             the_last_record_naming_a_blob_deletes_it,
-            only_the_holder_writes_a_blob
+            only_the_holder_writes_a_blob,
+            large_chunks_are_blobs_let_go_with_their_stream
         );
     };
     ($make:expr) => {
