@@ -16,7 +16,21 @@ use idem_core::{StoreError, StoreErrorKind};
 /// open).
 pub const SCHEMA_VERSION: u32 = 6;
 
-pub(super) const SCHEMA: &str = "
+/// The body of the blob triggers: deletes the blob `old` named when no record and no chunk of
+/// its tenant names it any more.
+macro_rules! let_go_of_blob {
+    () => {
+        "BEGIN
+    DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob
+        AND NOT EXISTS (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob)
+        AND NOT EXISTS (SELECT 1 FROM idem_chunks WHERE tenant = old.tenant AND blob = old.blob);
+END;
+"
+    };
+}
+
+pub(super) const SCHEMA: &str = concat!(
+    "
 CREATE TABLE IF NOT EXISTS idem_meta (
     name  TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -57,9 +71,10 @@ END;
 -- Completed results and chunks past the threshold, once per tenant and SHA-256 (`blob`, in the
 -- records and chunks that name one): the completion or append that names a blob writes it if it
 -- is new, and these triggers delete it, in the transaction that deletes a record or a chunk or
--- makes a record name another, when no record and no chunk names it any more. No count to keep: SQLite rewrites a whole row, overflow pages and all, to
--- change one column of it, so counting references in the blob's row would write the blob again
--- at every completion that names it.
+-- makes a record name another, when no record and no chunk names it any more. No count to
+-- keep: SQLite rewrites a whole row, overflow pages and all, to change one column of it, so
+-- counting references in the blob's row would write the blob again at every completion that
+-- names it.
 CREATE TABLE IF NOT EXISTS idem_blobs (
     tenant TEXT NOT NULL,
     hash   BLOB NOT NULL,
@@ -72,26 +87,17 @@ CREATE INDEX IF NOT EXISTS idem_chunks_blob ON idem_chunks (tenant, blob)
 WHERE blob IS NOT NULL;
 CREATE TRIGGER IF NOT EXISTS idem_records_drop_blob AFTER DELETE ON idem_records
 WHEN old.blob IS NOT NULL
-BEGIN
-    DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob
-        AND NOT EXISTS (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob)
-        AND NOT EXISTS (SELECT 1 FROM idem_chunks WHERE tenant = old.tenant AND blob = old.blob);
-END;
-CREATE TRIGGER IF NOT EXISTS idem_records_move_blob AFTER UPDATE OF blob ON idem_records
+",
+    let_go_of_blob!(),
+    "CREATE TRIGGER IF NOT EXISTS idem_records_move_blob AFTER UPDATE OF blob ON idem_records
 WHEN old.blob IS NOT NULL AND old.blob IS NOT new.blob
-BEGIN
-    DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob
-        AND NOT EXISTS (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob)
-        AND NOT EXISTS (SELECT 1 FROM idem_chunks WHERE tenant = old.tenant AND blob = old.blob);
-END;
-CREATE TRIGGER IF NOT EXISTS idem_chunks_drop_blob AFTER DELETE ON idem_chunks
+",
+    let_go_of_blob!(),
+    "CREATE TRIGGER IF NOT EXISTS idem_chunks_drop_blob AFTER DELETE ON idem_chunks
 WHEN old.blob IS NOT NULL
-BEGIN
-    DELETE FROM idem_blobs WHERE tenant = old.tenant AND hash = old.blob
-        AND NOT EXISTS (SELECT 1 FROM idem_records WHERE tenant = old.tenant AND blob = old.blob)
-        AND NOT EXISTS (SELECT 1 FROM idem_chunks WHERE tenant = old.tenant AND blob = old.blob);
-END;
-";
+",
+    let_go_of_blob!()
+);
 
 /// Upgrades a file of version 1 or 2: SQLite cannot change a CHECK constraint in place, so the
 /// records move to a table with the new one (inside the schema transaction: all or nothing).
