@@ -21,7 +21,8 @@
 //!
 //! Retried, with exponential backoff and full jitter: timeouts and connection errors, 409 (the
 //! first attempt still runs), 429, and 5xx that are not replays. Never retried: 400, 422 and
-//! every other answer, which a retry would not change.
+//! every other answer, which a retry would not change. A 423 (the first request's outcome is
+//! unknown, and its key blocked) stops with [`ClientError::OutcomeUnknown`].
 //!
 //! A `Retry-After` (seconds, or an HTTP date) is a floor: the next attempt waits at least that
 //! long, even beyond the policy's `max_delay`. When the wait would run past the retry budget,
@@ -80,6 +81,20 @@ pub enum ClientError {
     /// The explicit key is not 1 to 255 visible ASCII characters.
     #[error("the idempotency key is invalid: {0}")]
     InvalidKey(idem_core::key::InvalidKey),
+    /// The server answered 423: it ran the first request with this key, but whether that
+    /// request took effect is unknown (its response broke off, or its server stopped), and the
+    /// key is blocked until its operator resolves it. Retrying cannot settle it: check the
+    /// effect with the service (or its operator), and send a new request with a new key only if
+    /// it did not happen.
+    #[error(
+        "the outcome of the first request with this key is unknown (423); retrying cannot settle it: {detail}"
+    )]
+    OutcomeUnknown {
+        /// Attempts made.
+        attempts: u32,
+        /// What the server said (its error body, as text).
+        detail: String,
+    },
 }
 
 /// The answer to a request, after retries.
@@ -253,6 +268,13 @@ impl IdemRequest {
                         .get(IDEMPOTENT_REPLAYED)
                         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
                     let status = response.status();
+                    if status == StatusCode::LOCKED && key.is_some() {
+                        let detail = response.text().await.unwrap_or_default();
+                        return Err(ClientError::OutcomeUnknown {
+                            attempts: attempt,
+                            detail,
+                        });
+                    }
                     let retryable = status == StatusCode::CONFLICT
                         || status == StatusCode::TOO_MANY_REQUESTS
                         || (status.is_server_error() && !replay);

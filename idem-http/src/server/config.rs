@@ -10,9 +10,11 @@ use http::{Method, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::error_body::ErrorBody;
+use super::problem::Problem;
 use idem_runtime::Idem;
 
-pub(super) type Principal = dyn Fn(&http::request::Parts) -> String + Send + Sync;
+/// Who a request acts for; `None`: the layer cannot tell its caller apart from another.
+pub(super) type Principal = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
 pub(super) type Enforced = dyn Fn(&Method, &str) -> bool + Send + Sync;
 
 /// The settings of a layer.
@@ -26,6 +28,13 @@ pub(super) struct Config {
     pub(super) skip: Vec<Vec<String>>,
     pub(super) replay_headers: Vec<HeaderName>,
     pub(super) principal: Arc<Principal>,
+    /// Whether the principal is the default one (the `Authorization` header's hash).
+    pub(super) default_principal: bool,
+    /// Whether callers the principal cannot tell apart share one scope (else they are refused).
+    pub(super) shared_anonymous: bool,
+    /// Whether a request whose holder stopped before it answered runs again once its lease
+    /// lapses (else its key is blocked as unknown).
+    pub(super) rerun_orphans: bool,
     pub(super) policy_url: String,
     pub(super) serve_policy: bool,
     pub(super) ttl: Option<Duration>,
@@ -43,19 +52,52 @@ pub(super) fn default_stores(status: StatusCode) -> bool {
     )
 }
 
-/// The default principal: a hash of the `Authorization` header (`anonymous` without one).
-pub(super) fn default_principal(parts: &http::request::Parts) -> String {
-    match parts.headers.get(header::AUTHORIZATION) {
-        Some(value) => {
-            let digest = Sha256::digest(value.as_bytes());
-            const PREFIX: &str = "authorization:";
-            let mut out = String::with_capacity(PREFIX.len() + 32);
-            out.push_str(PREFIX);
-            idem_core::hex::push(&mut out, &digest[..16]);
-            out
-        }
-        None => "anonymous".to_owned(),
+/// The default principal: a hash of the `Authorization` header; none without one.
+pub(super) fn default_principal(parts: &http::request::Parts) -> Option<String> {
+    let value = parts.headers.get(header::AUTHORIZATION)?;
+    let digest = Sha256::digest(value.as_bytes());
+    const PREFIX: &str = "authorization:";
+    let mut out = String::with_capacity(PREFIX.len() + 32);
+    out.push_str(PREFIX);
+    idem_core::hex::push(&mut out, &digest[..16]);
+    Some(out)
+}
+
+/// The scope of callers the principal cannot tell apart, when they share one.
+pub(super) const ANONYMOUS: &str = "anonymous";
+
+/// A duration as a person reads it: `30 min`, `24 h`, `90 s`, `250 ms`.
+pub(super) fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0 s".to_owned(),
+        _ if ms.is_multiple_of(3_600_000) => format!("{} h", ms / 3_600_000),
+        _ if ms.is_multiple_of(60_000) => format!("{} min", ms / 60_000),
+        _ if ms.is_multiple_of(1_000) => format!("{} s", ms / 1_000),
+        _ => format!("{ms} ms"),
     }
+}
+
+/// The statuses `stores` does not keep, as a list with ranges (`400, 401, 403, 500-599`).
+fn released(stores: fn(StatusCode) -> bool) -> Vec<String> {
+    let codes: Vec<u16> = (100..=599)
+        .filter(|&c| StatusCode::from_u16(c).is_ok_and(|s| !stores(s)))
+        .collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < codes.len() {
+        let mut j = i;
+        while j + 1 < codes.len() && codes[j + 1] == codes[j] + 1 {
+            j += 1;
+        }
+        out.push(match j - i {
+            0 => codes[i].to_string(),
+            1 => format!("{}, {}", codes[i], codes[j]),
+            _ => format!("{}-{}", codes[i], codes[j]),
+        });
+        i = j + 1;
+    }
+    out
 }
 
 impl Config {
@@ -65,15 +107,22 @@ impl Config {
         self.wait.unwrap_or(self.idem.default_wait())
     }
 
+    /// The policy this layer applies, in Markdown, generated from its settings (draft
+    /// -07 §2.5.2 asks a resource to publish it).
     pub(super) fn policy(&self) -> String {
         let methods: Vec<&str> = self.methods.iter().map(Method::as_str).collect();
         let ttl = self.ttl.unwrap_or(self.idem.default_ttl());
         let lease = self.lease.unwrap_or(self.idem.default_lease());
         let wait = self.wait();
         let mut out = String::from("# Idempotency policy\n\n");
+        let routes = if self.enforced.is_some() {
+            " on the routes this service guards (other routes pass through without a key)"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "- Requests: {} {}carry an `Idempotency-Key` header.",
+            "- Requests: {}{routes} {}carry an `Idempotency-Key` header.",
             methods.join(", "),
             if self.required { "must " } else { "may " }
         );
@@ -83,13 +132,31 @@ impl Config {
              One header, not empty. Otherwise: 400.",
             if self.lenient { " or bare" } else { "" }
         );
+        out.push_str(match (self.default_principal, self.shared_anonymous) {
+            (true, false) => {
+                "- Scope: keys belong to the caller, told apart by its `Authorization` \
+                 credentials; two callers never share a key. A request with a key and no \
+                 credentials: 400 (`unidentified-caller`).\n"
+            }
+            (true, true) => {
+                "- Scope: keys belong to the caller, told apart by its `Authorization` \
+                 credentials; callers without credentials share one scope, and may see each \
+                 other's responses for the same key.\n"
+            }
+            (false, false) => {
+                "- Scope: keys belong to the caller as this service identifies it; two callers \
+                 never share a key. A request with a key whose caller it cannot identify: 400 \
+                 (`unidentified-caller`).\n"
+            }
+            (false, true) => {
+                "- Scope: keys belong to the caller as this service identifies it; callers it \
+                 cannot identify share one scope, and may see each other's responses for the \
+                 same key.\n"
+            }
+        });
         out.push_str(
-            "- Scope: keys belong to the caller (the credentials of the request); two callers \
-             never share a key.\n",
-        );
-        out.push_str(
-            "- Fingerprint: method, path and body (JSON canonicalized per RFC 8785, form fields \
-             sorted, other bodies as bytes)",
+            "- Fingerprint: method, path, query (its name-value pairs, decoded and sorted) and \
+             body (JSON canonicalized per RFC 8785, form fields sorted, other bodies as bytes)",
         );
         if self.skip.is_empty() {
             out.push_str(". ");
@@ -102,25 +169,33 @@ impl Config {
             let _ = writeln!(
                 out,
                 "- While the first request runs: 409 with `Retry-After: 1` (retry soon, with the \
-                 same key; a request holds its key for up to {} s).",
-                lease.as_secs()
+                 same key; a request holds its key for up to {}).",
+                human(lease)
             );
         } else {
             let _ = writeln!(
                 out,
-                "- While the first request runs: a request with its key waits up to {} ms for it \
+                "- While the first request runs: a request with its key waits up to {} for it \
                  and receives its response; past that, 409 with `Retry-After: 1` (retry soon, \
-                 with the same key; a request holds its key for up to {} s).",
-                wait.as_millis(),
-                lease.as_secs()
+                 with the same key; a request holds its key for up to {}).",
+                human(wait),
+                human(lease)
             );
         }
+        let released = released(self.stores);
         let _ = writeln!(
             out,
             "- After it: its status, headers and body, replayed with `Idempotent-Replayed: true`, \
-             errors included, for {} h. Responses 400, 401, 403, 404, 405, 409, 413, 415, 422 and \
-             429 are not kept: a corrected retry runs.",
-            ttl.as_secs() / 3600
+             errors included, for {}.{}",
+            human(ttl),
+            if released.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " Responses {} are not kept: a corrected retry runs.",
+                    released.join(", ")
+                )
+            }
         );
         out.push_str(
             "- Streamed responses (`text/event-stream`, or a chunked body): each frame is \
@@ -129,11 +204,49 @@ impl Config {
              come; one that comes after it, the whole stream again. A stream that broke off is \
              cut short, never ended as if complete.\n",
         );
+        out.push_str(
+            "- Unknown outcome: when the service ran a request but could not finish its \
+             response (its body failed), the key is blocked, and every request with it gets 423 \
+             (`outcome-unknown`): retrying cannot settle it; ask the service's operator.",
+        );
+        if self.rerun_orphans {
+            out.push_str(
+                " A request whose server stopped before it answered runs again with the next \
+                 retry once its hold lapses.\n",
+            );
+        } else {
+            out.push_str(
+                " So is the key of a request whose server stopped before it answered, once its \
+                 hold lapses: it is never run twice.\n",
+            );
+        }
+        let errors = match self.errors {
+            ErrorBody::Problem => {
+                "`application/problem+json` (RFC 9457), each `type` a section of this document"
+            }
+            ErrorBody::Stripe => {
+                "Stripe's error envelope (`application/json`, `{\"error\": {\"type\": …, \"message\": …}}`)"
+            }
+            ErrorBody::Custom(_) => "in this service's own error format",
+        };
         let _ = writeln!(
             out,
-            "- Request bodies over {} bytes: 413. Errors are `application/problem+json`.",
+            "- Request bodies over {} bytes: 413. Errors are {errors}.",
             self.max_body
         );
+        out.push_str("\n## Errors\n");
+        for problem in Problem::ALL {
+            let status = match self.errors {
+                ErrorBody::Problem => Some(problem.status()),
+                ErrorBody::Stripe => Some(problem.stripe().0),
+                ErrorBody::Custom(_) => None,
+            };
+            let _ = write!(out, "\n### {}\n\n", problem.code());
+            if let Some(status) = status {
+                let _ = write!(out, "{}: ", status.as_u16());
+            }
+            let _ = writeln!(out, "{}.", problem.title());
+        }
         out
     }
 }
@@ -142,7 +255,9 @@ impl Config {
 mod tests {
     use http::{Request, StatusCode, header};
 
-    use super::{default_principal, default_stores};
+    use std::time::Duration;
+
+    use super::{default_principal, default_stores, human, released};
 
     #[test]
     fn no_effect_statuses_are_released() {
@@ -161,12 +276,30 @@ mod tests {
             .body(())
             .unwrap()
             .into_parts();
-        let p = default_principal(&parts);
+        let p = default_principal(&parts).unwrap();
         assert!(
             p.starts_with("authorization:") && !p.contains("secret"),
             "{p}"
         );
         let (anon, ()) = Request::new(()).into_parts();
-        assert_eq!(default_principal(&anon), "anonymous");
+        assert_eq!(
+            default_principal(&anon),
+            None,
+            "no credentials, no principal"
+        );
+    }
+
+    #[test]
+    fn durations_and_statuses_read_as_written() {
+        assert_eq!(human(Duration::from_secs(30 * 60)), "30 min");
+        assert_eq!(human(Duration::from_secs(24 * 3600)), "24 h");
+        assert_eq!(human(Duration::from_secs(90)), "90 s");
+        assert_eq!(human(Duration::from_millis(1500)), "1500 ms");
+        assert_eq!(
+            released(default_stores),
+            ["400, 401", "403-405", "409", "413", "415", "422", "429"]
+        );
+        assert_eq!(released(|s| s.is_success()), ["100-199", "300-599"]);
+        assert!(released(|_| true).is_empty());
     }
 }

@@ -50,6 +50,9 @@ impl IdempotencyLayer {
                 skip: Vec::new(),
                 replay_headers: vec![header::CONTENT_TYPE, header::LOCATION],
                 principal: Arc::new(default_principal),
+                default_principal: true,
+                shared_anonymous: false,
+                rerun_orphans: false,
                 policy_url: DEFAULT_POLICY_PATH.to_owned(),
                 serve_policy: true,
                 ttl: None,
@@ -112,12 +115,45 @@ impl IdempotencyLayer {
     }
 
     /// Who a request acts for: keys are scoped by this value (default: a hash of the
-    /// `Authorization` header, `anonymous` without one). Two principals never share a key.
+    /// `Authorization` header). Two principals never share a key. With the default, a keyed
+    /// request without credentials is refused (400 `unidentified-caller`), unless
+    /// [`shared_anonymous_scope`](IdempotencyLayer::shared_anonymous_scope).
     pub fn principal(
         self,
         principal: impl Fn(&http::request::Parts) -> String + Send + Sync + 'static,
     ) -> Self {
-        self.with(|c| c.principal = Arc::new(principal))
+        self.with(|c| {
+            c.principal = Arc::new(move |parts| Some(principal(parts)));
+            c.default_principal = false;
+        })
+    }
+
+    /// Who a request acts for, or `None` when the service cannot tell its caller apart: such a
+    /// keyed request is refused (400 `unidentified-caller`), unless
+    /// [`shared_anonymous_scope`](IdempotencyLayer::shared_anonymous_scope).
+    pub fn principal_if_known(
+        self,
+        principal: impl Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.with(|c| {
+            c.principal = Arc::new(principal);
+            c.default_principal = false;
+        })
+    }
+
+    /// Callers the principal cannot tell apart (with the default principal: requests without
+    /// an `Authorization` header) share one scope, `anonymous`, instead of being refused: two
+    /// of them sending the same key see each other's responses. Only for services whose
+    /// unauthenticated callers are one party (a single internal client, a test).
+    pub fn shared_anonymous_scope(self) -> Self {
+        self.with(|c| c.shared_anonymous = true)
+    }
+
+    /// A request whose server stopped (a crash, a kill, a panic) before it answered runs again
+    /// with the next retry once its lease lapses (default: its key is blocked as unknown, 423,
+    /// and the handler never runs twice). Only for handlers that are safe to run twice.
+    pub fn rerun_orphans(self) -> Self {
+        self.with(|c| c.rerun_orphans = true)
     }
 
     /// Where the policy is published: problem `type`s are `URL#code` and every problem links

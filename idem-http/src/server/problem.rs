@@ -16,6 +16,7 @@ use crate::KeyHeaderError;
 pub(super) enum Problem {
     MissingKey,
     MalformedKey,
+    UnidentifiedCaller,
     BodyTooLarge,
     BodyUnreadable,
     KeyReused,
@@ -27,10 +28,26 @@ pub(super) enum Problem {
 }
 
 impl Problem {
+    /// Every problem, in the order the policy lists them.
+    pub(super) const ALL: [Problem; 11] = [
+        Problem::MissingKey,
+        Problem::MalformedKey,
+        Problem::UnidentifiedCaller,
+        Problem::BodyTooLarge,
+        Problem::BodyUnreadable,
+        Problem::KeyReused,
+        Problem::InFlight,
+        Problem::OutcomeUnknown,
+        Problem::StoreUnavailable,
+        Problem::StoredResponseUnreadable,
+        Problem::ServiceFailed,
+    ];
+
     pub(super) fn code(self) -> &'static str {
         match self {
             Problem::MissingKey => "missing-key",
             Problem::MalformedKey => "malformed-key",
+            Problem::UnidentifiedCaller => "unidentified-caller",
             Problem::BodyTooLarge => "body-too-large",
             Problem::BodyUnreadable => "body-unreadable",
             Problem::KeyReused => "key-reused",
@@ -44,12 +61,15 @@ impl Problem {
 
     pub(super) fn status(self) -> StatusCode {
         match self {
-            Problem::MissingKey | Problem::MalformedKey | Problem::BodyUnreadable => {
-                StatusCode::BAD_REQUEST
-            }
+            Problem::MissingKey
+            | Problem::MalformedKey
+            | Problem::UnidentifiedCaller
+            | Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Problem::InFlight | Problem::OutcomeUnknown => StatusCode::CONFLICT,
+            Problem::InFlight => StatusCode::CONFLICT,
+            // Not 409: a client retries a request in flight, and retrying cannot settle this.
+            Problem::OutcomeUnknown => StatusCode::LOCKED,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::StoredResponseUnreadable | Problem::ServiceFailed => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -61,6 +81,7 @@ impl Problem {
         match self {
             Problem::MissingKey => "An Idempotency-Key header is required",
             Problem::MalformedKey => "The Idempotency-Key header is malformed",
+            Problem::UnidentifiedCaller => "The caller of a keyed request cannot be identified",
             Problem::BodyTooLarge => "The request body is too large",
             Problem::BodyUnreadable => "The request body could not be read",
             Problem::KeyReused => "The idempotency key was used with another request",
@@ -75,7 +96,7 @@ impl Problem {
 
 impl Problem {
     /// Stripe's status and error type for this problem.
-    fn stripe(self) -> (StatusCode, &'static str, Option<&'static str>) {
+    pub(super) fn stripe(self) -> (StatusCode, &'static str, Option<&'static str>) {
         match self {
             Problem::KeyReused => (StatusCode::BAD_REQUEST, "idempotency_error", None),
             Problem::InFlight => (
@@ -83,10 +104,11 @@ impl Problem {
                 "idempotency_error",
                 Some("idempotency_key_in_use"),
             ),
-            Problem::OutcomeUnknown => (StatusCode::CONFLICT, "idempotency_error", None),
-            Problem::MissingKey | Problem::MalformedKey | Problem::BodyUnreadable => {
-                (StatusCode::BAD_REQUEST, "invalid_request_error", None)
-            }
+            Problem::OutcomeUnknown => (StatusCode::LOCKED, "idempotency_error", None),
+            Problem::MissingKey
+            | Problem::MalformedKey
+            | Problem::UnidentifiedCaller
+            | Problem::BodyUnreadable => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
             Problem::BodyTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", None),
             Problem::StoreUnavailable => (StatusCode::SERVICE_UNAVAILABLE, "api_error", None),
             Problem::StoredResponseUnreadable | Problem::ServiceFailed => {

@@ -18,11 +18,12 @@ use sha2::{Digest, Sha256};
 use tower_service::Service;
 
 use super::body::{Answer, AnswerBody, BoxError, GuardedRequestBody, GuardedResponseBody};
-use super::config::Config;
+use super::config::{ANONYMOUS, Config};
 use super::problem::{Problem, malformed};
-use super::stored::{STREAMED, decode_response, encode_response, replayed};
+use super::stored::{STREAMED, decode_response, encode_response, replayed, unknown};
 use super::streamed::is_streamed;
 use crate::parse_key_header;
+use idem_core::StoreError;
 use idem_core::fingerprint::{ArgsFingerprint, Fingerprint};
 use idem_core::key::{KeyPart, derive_key};
 use idem_core::store::{Orphans, RecordStatus};
@@ -139,7 +140,18 @@ impl Config {
                 );
             }
         };
-        let principal = (self.principal)(&parts);
+        let principal = match (self.principal)(&parts) {
+            Some(principal) => principal,
+            None if self.shared_anonymous => ANONYMOUS.to_owned(),
+            None => {
+                return self.problem(
+                    Problem::UnidentifiedCaller,
+                    "a request with an Idempotency-Key must say who sends it (an Authorization \
+                     header), so that no other caller can reach its key; nothing was run"
+                        .to_owned(),
+                );
+            }
+        };
         let fingerprint = fingerprint(&parts, &bytes, &self.skip);
         let req = Request::from_parts(parts, Either::Right(Full::new(bytes)));
         self.guarded(inner, key, principal, fingerprint, req)
@@ -154,7 +166,7 @@ impl Config {
         inner: S,
         key: String,
         principal: String,
-        fingerprint: Fingerprint,
+        fingerprint: Fingerprints,
         req: Request<GuardedRequestBody<B>>,
     ) -> Response<AnswerBody>
     where
@@ -172,13 +184,18 @@ impl Config {
             tenant: principal.into(),
             key,
             tool: "http",
-            fingerprint,
+            fingerprint: fingerprint.current,
             lease: self.lease.unwrap_or(idem.default_lease()),
             ttl: self.ttl.unwrap_or(idem.default_ttl()),
-            orphans: Orphans::TakeOver,
+            orphans: if self.rerun_orphans {
+                Orphans::TakeOver
+            } else {
+                Orphans::Block
+            },
             wait: self.wait(),
         };
-        let claiming = match claim(idem, &intent).await {
+        let (intent, claiming) = self.claim_key(intent, fingerprint.before_queries).await;
+        let claiming = match claiming {
             // A response being streamed is followed at once, even by a request that may wait
             // (its wait would last until the stream's end).
             Ok(Claiming::InFlight(wait)) => match self.attach(&intent).await {
@@ -264,6 +281,35 @@ impl Config {
         }
     }
 
+    /// Claims `intent`'s key; a request with a query whose key holds a record of another
+    /// fingerprint claims it again by the fingerprint builds before queries counted gave it
+    /// (`before_queries`), so that a record they wrote still answers its retries. Answers the
+    /// intent the claim stands for.
+    async fn claim_key(
+        &self,
+        intent: Intent,
+        before_queries: Option<Fingerprint>,
+    ) -> (Intent, Result<Claiming, StoreError>) {
+        let claiming = claim(&self.idem, &intent).await;
+        let (Ok(Claiming::Mismatch), Some(before)) = (&claiming, before_queries) else {
+            return (intent, claiming);
+        };
+        let older = Intent {
+            fingerprint: before,
+            ..intent.clone()
+        };
+        match claim(&self.idem, &older).await {
+            Ok(Claiming::Mismatch) => (intent, claiming),
+            // The record went between the two claims: this one is not the older build's.
+            Ok(Claiming::Acquired(claimed)) => {
+                let _ = claimed.release().await;
+                let again = claim(&self.idem, &intent).await;
+                (intent, again)
+            }
+            other => (older, other),
+        }
+    }
+
     /// Runs the handler on a claimed key and records its response (or releases the key when
     /// its status says nothing happened); sends the response to `answer` once the client may
     /// have it (a streamed one at its head).
@@ -315,12 +361,17 @@ impl Config {
         ResB::Error: Into<BoxError>,
     {
         let Ok(collected) = claimed.hold(body.collect()).await else {
-            // The handler ran but its answer broke off: the key stays held (the lease
-            // protects it) rather than inviting a second run.
-            let _ = answer.send(self.own_problem(
-                Problem::ServiceFailed,
-                "the response body failed while it was produced".to_owned(),
-            ));
+            // The handler ran but its answer broke off: whether it took effect is unknown, and
+            // the key says so (a retry cannot settle it, and must not run it again).
+            unknown(&claimed).await;
+            let _ = answer.send(
+                self.own_problem(
+                    Problem::ServiceFailed,
+                    "the response body failed while it was produced; whether the request took \
+                 effect is unknown, and its key is blocked"
+                        .to_owned(),
+                ),
+            );
             return;
         };
         let body = collected.to_bytes();
@@ -340,10 +391,10 @@ impl Config {
     }
 }
 
-/// What a guarded request is fingerprinted by: its method, path and body. A JSON or form body
-/// is read as its fields (`skip` leaves some out; order and spacing do not count), any other
-/// body as its bytes.
-fn fingerprint(parts: &http::request::Parts, body: &Bytes, skip: &[Vec<String>]) -> Fingerprint {
+/// What a guarded request is fingerprinted by: its method, path, query and body. The query is
+/// read as its name-value pairs, decoded and sorted; a JSON or form body as its fields (`skip`
+/// leaves some out; order and spacing do not count), any other body as its bytes.
+fn fingerprint(parts: &http::request::Parts, body: &Bytes, skip: &[Vec<String>]) -> Fingerprints {
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -375,15 +426,46 @@ fn fingerprint(parts: &http::request::Parts, body: &Bytes, skip: &[Vec<String>])
         None
     }
     .unwrap_or_else(|| CanonicalBody::Bytes(idem_core::hex::encode(&Sha256::digest(body))));
-    ArgsFingerprint::new(&[])
-        .arg("method", parts.method.as_str())
-        .arg("path", parts.uri.path())
-        .arg("body", &canonical)
-        .finish(idem_runtime::DEFAULT_MAX_ARGUMENT_BYTES)
-        .unwrap_or_else(|_| {
-            // JSON parsed from text always canonicalizes; keep the bytes if it ever did not.
-            Fingerprint::from_bytes(Sha256::digest(body).into())
-        })
+    let of = |query: Option<&[(Cow<'_, str>, Cow<'_, str>)]>| {
+        let mut args = ArgsFingerprint::new(&[])
+            .arg("method", parts.method.as_str())
+            .arg("path", parts.uri.path());
+        if let Some(query) = query {
+            args = args.arg("query", &query);
+        }
+        args.arg("body", &canonical)
+            .finish(idem_runtime::DEFAULT_MAX_ARGUMENT_BYTES)
+            .unwrap_or_else(|_| {
+                // JSON parsed from text always canonicalizes; keep the bytes if it ever did not.
+                Fingerprint::from_bytes(Sha256::digest(body).into())
+            })
+    };
+    // The query as its name-value pairs, decoded and sorted: `?b=2&a=%31` is `?a=1&b=2`.
+    let query: Option<Vec<(Cow<'_, str>, Cow<'_, str>)>> =
+        parts.uri.query().filter(|q| !q.is_empty()).map(|q| {
+            let mut pairs: Vec<_> = form_urlencoded::parse(q.as_bytes()).collect();
+            pairs.sort();
+            pairs
+        });
+    match query {
+        // A request without a query is fingerprinted as before queries counted.
+        None => Fingerprints {
+            current: of(None),
+            before_queries: None,
+        },
+        Some(query) => Fingerprints {
+            current: of(Some(&query)),
+            before_queries: Some(of(None)),
+        },
+    }
+}
+
+/// A request's fingerprint, and for a request with a query the fingerprint earlier builds gave
+/// it (the query left out: they did not count queries), which records they wrote still hold.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Fingerprints {
+    pub(super) current: Fingerprint,
+    pub(super) before_queries: Option<Fingerprint>,
 }
 
 async fn pass<S, B, ResB>(
@@ -447,7 +529,8 @@ mod tests {
             .expect("request")
             .into_parts();
         let fp = fingerprint(&parts, &Bytes::from_static(body.as_bytes()), skip);
-        idem_core::hex::encode(fp.as_bytes())
+        assert!(fp.before_queries.is_none(), "no query");
+        idem_core::hex::encode(fp.current.as_bytes())
     }
 
     /// A stored fingerprint must still match after an upgrade, or every retry of a request
@@ -499,5 +582,111 @@ mod tests {
         for (got, want) in pinned {
             assert_eq!(got, want);
         }
+    }
+}
+
+#[cfg(test)]
+mod before_queries {
+    use std::convert::Infallible;
+    use std::future::Ready;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+    use tower_layer::Layer;
+    use tower_service::Service;
+
+    use super::fingerprint;
+    use crate::server::IdempotencyLayer;
+    use crate::server::body::GuardedRequestBody;
+    use crate::server::config::default_principal;
+    use crate::server::stored::encode_response;
+    use idem_core::key::{KeyPart, derive_key};
+    use idem_core::store::{Claim, ClaimRequest, Completion, Orphans, RecordStatus};
+    use idem_runtime::Idem;
+
+    /// A handler that counts its runs and answers `new answer`.
+    #[derive(Clone)]
+    struct Counted(Arc<AtomicUsize>);
+
+    impl Service<Request<GuardedRequestBody<Full<Bytes>>>> for Counted {
+        type Response = Response<Full<Bytes>>;
+        type Error = Infallible;
+        type Future = Ready<Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<GuardedRequestBody<Full<Bytes>>>) -> Self::Future {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(
+                b"new answer",
+            )))))
+        }
+    }
+
+    fn charge(query: &str) -> Request<Full<Bytes>> {
+        Request::post(format!("/v1/charges?{query}"))
+            .header("authorization", "Bearer sk_test_old")
+            .header("idempotency-key", "charge-7")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    }
+
+    /// A record an earlier build wrote for a request with a query (fingerprinted without it)
+    /// still answers that request's retries after the upgrade, instead of a 422.
+    #[tokio::test]
+    async fn a_record_from_before_queries_counted_still_replays() {
+        let idem = Idem::open("memory://").await.unwrap();
+        let (parts, ()) = charge("amount=1").map(|_| ()).into_parts();
+        let fingerprints = fingerprint(&parts, &Bytes::new(), &[]);
+        let before = fingerprints.before_queries.expect("a request with a query");
+        assert_ne!(before, fingerprints.current);
+        // What the earlier build wrote: the key under the caller's principal, completed.
+        let tenant = default_principal(&parts).unwrap();
+        let key = derive_key(&tenant, "http", &[KeyPart::new("charge-7").unwrap()]);
+        let now = idem.clock().now();
+        let claim = idem
+            .store()
+            .claim(ClaimRequest {
+                tenant: &tenant,
+                key,
+                tool: "http",
+                fingerprint: before,
+                now,
+                lease: idem.default_lease(),
+                ttl: idem.default_ttl(),
+                orphans: Orphans::Block,
+            })
+            .await
+            .unwrap();
+        let Claim::Acquired { token, .. } = claim else {
+            panic!("a new key: {claim:?}");
+        };
+        let stored = encode_response(StatusCode::CREATED, &http::HeaderMap::new(), &[], b"old");
+        let completion = Completion {
+            tenant: &tenant,
+            key,
+            token,
+            status: RecordStatus::Completed,
+            result: &stored,
+            now,
+            ttl: idem.default_ttl(),
+            notify: false,
+        };
+        idem.store().complete(completion).await.unwrap();
+
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut service = IdempotencyLayer::new(idem).layer(Counted(runs.clone()));
+        let answer = service.call(charge("amount=1")).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::CREATED);
+        assert_eq!(answer.headers()["idempotent-replayed"], "true");
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"old", "the earlier build's answer");
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "not run again");
     }
 }

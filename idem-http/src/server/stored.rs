@@ -9,6 +9,8 @@ use http::{Response, StatusCode};
 
 use super::body::AnswerBody;
 use crate::IDEMPOTENT_REPLAYED;
+use idem_core::store::RecordStatus;
+use idem_runtime::protocol::Claimed;
 
 const STORED_MAGIC: &[u8; 4] = b"IDR1";
 
@@ -72,6 +74,13 @@ pub(super) fn replayed(mut response: Response<AnswerBody>) -> Response<AnswerBod
         .headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response
+}
+
+/// Records `claimed`'s key as `unknown`: its handler ran, and its response did not finish.
+pub(super) async fn unknown(claimed: &Claimed) {
+    // Tried again through store errors while the lease lasts; if it fails for good, the key
+    // stays in flight, and is blocked as unknown once its lease lapses (the orphan policy).
+    let _ = claimed.complete_retrying(RecordStatus::Unknown, &[]).await;
 }
 
 #[cfg(test)]

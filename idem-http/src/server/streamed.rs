@@ -13,7 +13,7 @@ use http_body::Body;
 use super::body::{Answer, AnswerBody, BoxError, STREAM_BUFFER};
 use super::config::Config;
 use super::problem::Problem;
-use super::stored::{STREAMED, decode_response, encode_response, replayed};
+use super::stored::{STREAMED, decode_response, encode_response, replayed, unknown};
 use idem_core::StoreErrorKind;
 use idem_core::store::{ChunkRead, Fenced, RecordStatus};
 use idem_runtime::protocol::{Claimed, Followed, Follower, Intent};
@@ -146,11 +146,13 @@ impl Config {
             Ok(Fenced::Lost) | Err(_) => {
                 // The key was taken over, or the store failed for the whole completion
                 // window: nothing of this response can be recorded, and it is not sent
-                // unrecorded. The key stays to its lease.
+                // unrecorded. The handler ran: its key is blocked as unknown.
+                unknown(&claimed).await;
                 let _ = answer.send(
                     self.own_problem(
                         Problem::ServiceFailed,
-                        "the streamed response could not be recorded; retry with the same key"
+                        "the streamed response could not be recorded; whether the request took \
+                         effect is unknown, and its key is blocked"
                             .to_owned(),
                     ),
                 );
@@ -158,10 +160,17 @@ impl Config {
             }
         }
         let _ = answer.send(Response::from_parts(parts, AnswerBody::streamed(streamed)));
-        if claimed.hold(pump(Some(&claimed), body, frames)).await {
-            let _ = claimed
-                .complete_retrying(RecordStatus::Completed, STREAMED)
-                .await;
+        match claimed.hold(pump(Some(&claimed), body, frames)).await {
+            Pumped::Ended => {
+                let _ = claimed
+                    .complete_retrying(RecordStatus::Completed, STREAMED)
+                    .await;
+            }
+            // The handler ran and its body broke off: its outcome is unknown.
+            Pumped::BodyFailed => unknown(&claimed).await,
+            // Another claim owns the key, or the store failed for the whole completion window
+            // (the key is blocked as unknown once its lease lapses).
+            Pumped::NotRecorded => {}
         }
     }
 }
@@ -182,16 +191,25 @@ pub(super) fn is_streamed<B: Body>(parts: &http::response::Parts, body: &B) -> b
     event_stream || body.size_hint().exact().is_none()
 }
 
+/// How a [`pump`] ended.
+pub(super) enum Pumped {
+    /// The body ended, every frame recorded (when there is a claim).
+    Ended,
+    /// The body failed.
+    BodyFailed,
+    /// An append was fenced out, or failed for the whole completion window.
+    NotRecorded,
+}
+
 /// Passes `body`'s data frames on to `frames`, each batch first appended to `claimed`'s stream
-/// (after its head) when there is a claim; answers whether the body ended with every frame
-/// recorded. A client that hangs up stops nothing: the rest is recorded for its retry. A
+/// (after its head) when there is a claim; answers how it ended. A client that hangs up stops nothing: the rest is recorded for its retry. A
 /// body that fails, an append fenced out or failed for good, ends `frames` with an error and
 /// stops reading the body.
 async fn pump<B>(
     claimed: Option<&Claimed>,
     body: B,
     frames: tokio::sync::mpsc::Sender<Result<Bytes, BoxError>>,
-) -> bool
+) -> Pumped
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -249,14 +267,15 @@ where
                 client = None;
             }
         }
-        let broke = match (broke, end) {
-            (Some(broke), _) | (None, Some(Err(broke))) => broke,
-            (None, Some(Ok(()))) => return true,
+        let (broke, pumped) = match (broke, end) {
+            (Some(broke), _) => (broke, Pumped::NotRecorded),
+            (None, Some(Err(broke))) => (broke, Pumped::BodyFailed),
+            (None, Some(Ok(()))) => return Pumped::Ended,
             (None, None) => continue,
         };
         if let Some(to) = client {
             let _ = to.send(Err(broke)).await;
         }
-        return false;
+        return pumped;
     }
 }

@@ -6,7 +6,7 @@ use super::*;
 #[tokio::test]
 async fn the_client_never_retries_422_and_reports_replays() {
     let server = Server::start(Duration::ZERO).await;
-    let client = IdemClient::new(reqwest::Client::new());
+    let client = IdemClient::new(authed());
     let key = key();
     let first = client
         .post(server.url("/v1/payment_intents"))
@@ -45,7 +45,7 @@ async fn the_client_derives_its_key_from_the_running_tool() {
             .derive("payments")
             .as_str()
             .to_owned();
-        let answer = IdemClient::new(reqwest::Client::new())
+        let answer = IdemClient::new(authed())
             .post(url)
             .derive("payments")
             .send()
@@ -71,7 +71,7 @@ async fn the_client_gives_up_on_an_unreachable_server_after_its_attempts() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
-    let client = IdemClient::new(reqwest::Client::new()).retry_policy(RetryPolicy {
+    let client = IdemClient::new(authed()).retry_policy(RetryPolicy {
         max_attempts: 3,
         base_delay: Duration::from_millis(5),
         max_delay: Duration::from_millis(20),
@@ -158,7 +158,7 @@ fn quick_policy(budget: Duration) -> RetryPolicy {
 #[tokio::test]
 async fn a_retry_after_above_max_delay_is_waited_out_in_full() {
     let server = throttled::start(|| "2".to_owned()).await;
-    let answer = IdemClient::new(reqwest::Client::new())
+    let answer = IdemClient::new(authed())
         .retry_policy(quick_policy(Duration::from_secs(30)))
         .post(&server.url)
         .key("throttled-seconds")
@@ -183,7 +183,7 @@ async fn a_retry_after_as_an_http_date_is_honoured() {
         httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3))
     })
     .await;
-    let answer = IdemClient::new(reqwest::Client::new())
+    let answer = IdemClient::new(authed())
         .retry_policy(quick_policy(Duration::from_secs(30)))
         .post(&server.url)
         .key("throttled-date")
@@ -200,7 +200,7 @@ async fn a_retry_after_as_an_http_date_is_honoured() {
 async fn a_retry_after_beyond_the_budget_gives_up_at_once_with_a_clear_error() {
     let server = throttled::start(|| "30".to_owned()).await;
     let started = std::time::Instant::now();
-    let error = IdemClient::new(reqwest::Client::new())
+    let error = IdemClient::new(authed())
         .retry_policy(quick_policy(Duration::from_secs(5)))
         .post(&server.url)
         .key("throttled-long")
@@ -243,7 +243,7 @@ async fn the_client_through_network_faults_charges_each_intent_once() {
     let proxy = FaultProxy::start(server.addr).await;
     let url = format!("http://127.0.0.1:{}/v1/payment_intents", proxy.port);
     // No idle connections kept: every attempt opens one, as refused connections need.
-    let http = reqwest::Client::builder()
+    let http = authed_builder()
         .timeout(Duration::from_millis(300))
         .pool_max_idle_per_host(0)
         .build()
@@ -305,7 +305,7 @@ async fn the_client_through_network_faults_charges_each_intent_once() {
             .send()
     };
     let short = IdemClient::new(
-        reqwest::Client::builder()
+        authed_builder()
             .timeout(Duration::from_millis(200))
             .build()
             .unwrap(),

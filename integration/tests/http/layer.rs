@@ -51,7 +51,7 @@ async fn another_payload_with_the_same_key_is_422_every_time() {
         assert!(!body.to_string().contains(&key), "no key in {body}");
     }
     // The body's field order does not matter, only its content.
-    let reordered = reqwest::Client::new()
+    let reordered = authed()
         .post(server.url("/v1/payment_intents"))
         .bearer_auth("sk_a")
         .header("Idempotency-Key", &key)
@@ -119,7 +119,7 @@ async fn oversized_bodies_are_413_before_anything_is_stored() {
     let server = Server::start(Duration::ZERO).await;
     let key = key();
     let big = format!("amount=5&currency=eur&metadata[pad]={}", "x".repeat(70_000));
-    let response = reqwest::Client::new()
+    let response = authed()
         .post(server.url("/v1/payment_intents"))
         .header("Idempotency-Key", &key)
         .header("content-type", "application/x-www-form-urlencoded")
@@ -219,7 +219,7 @@ async fn a_connection_dropped_mid_request_still_records_the_charge() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     drop(stream);
     // The retry (with the idem client, which waits out 409) gets the stored response.
-    let answer = IdemClient::new(reqwest::Client::new())
+    let answer = IdemClient::new(authed())
         .post(server.url("/v1/payment_intents"))
         .key(&key)
         .header("authorization", "Bearer sk_a")
@@ -243,7 +243,7 @@ async fn a_connection_dropped_mid_request_still_records_the_charge() {
 #[tokio::test]
 async fn a_handler_slower_than_the_client_timeout_charges_once() {
     let server = Server::start(Duration::from_millis(400)).await;
-    let http = reqwest::Client::builder()
+    let http = authed_builder()
         .timeout(Duration::from_millis(150))
         .build()
         .unwrap();
@@ -303,7 +303,7 @@ async fn a_500_that_ran_is_replayed_and_a_400_is_not_kept() {
     let server = Server::start(Duration::ZERO).await;
     let key = key();
     let failing = || {
-        reqwest::Client::new()
+        authed()
             .post(server.url("/v1/payment_intents"))
             .header("Idempotency-Key", &key)
             .form(&[
@@ -323,7 +323,7 @@ async fn a_500_that_ran_is_replayed_and_a_400_is_not_kept() {
 
     // A validation error had no effect: not kept, so the corrected retry runs.
     let key = self::key();
-    let invalid = reqwest::Client::new()
+    let invalid = authed()
         .post(server.url("/v1/payment_intents"))
         .header("Idempotency-Key", &key)
         .form(&[("currency", "eur")])
@@ -333,7 +333,7 @@ async fn a_500_that_ran_is_replayed_and_a_400_is_not_kept() {
     assert_eq!(invalid.status(), 400);
     let envelope: serde_json::Value = invalid.json().await.unwrap();
     assert_eq!(envelope["error"]["code"], "parameter_missing");
-    let fixed = reqwest::Client::new()
+    let fixed = authed()
         .post(server.url("/v1/payment_intents"))
         .header("Idempotency-Key", &key)
         .form(&[("amount", "5"), ("currency", "eur")])
@@ -349,7 +349,7 @@ async fn a_500_that_ran_is_replayed_and_a_400_is_not_kept() {
 async fn patch_is_guarded_and_put_delete_pass_through() {
     let server = custom::start(memory_layer().await).await;
     let url = format!("http://{}/thing", server.addr);
-    let http = reqwest::Client::new();
+    let http = authed();
     let no_key = http.patch(&url).body("x").send().await.unwrap();
     assert_eq!(no_key.status(), 400);
     assert_eq!(server.runs(), 0);
@@ -371,7 +371,7 @@ async fn patch_is_guarded_and_put_delete_pass_through() {
 #[tokio::test]
 async fn answers_that_say_nothing_happened_are_not_kept_and_the_client_retries_them() {
     let server = custom::start(memory_layer().await).await;
-    let client = IdemClient::new(reqwest::Client::new()).retry_policy(RetryPolicy {
+    let client = IdemClient::new(authed()).retry_policy(RetryPolicy {
         base_delay: Duration::from_millis(10),
         max_delay: Duration::from_millis(50),
         ..RetryPolicy::default()
@@ -399,7 +399,7 @@ async fn skipped_fields_do_not_change_the_fingerprint() {
     let layer = memory_layer().await.skip(["meta.trace_id"]);
     let server = custom::start(layer).await;
     let send = |body: serde_json::Value| {
-        reqwest::Client::new()
+        authed()
             .post(format!("http://{}/json", server.addr))
             .header("Idempotency-Key", "json-1")
             .json(&body)

@@ -7,6 +7,7 @@
 //! | `layer.rs` | the layer: replays, mismatches, keys, bodies, concurrency, dropped connections, principals, what is kept, methods, skipped fields |
 //! | `stripe.rs` | Stripe's own Python SDK against the layer, and Stripe's error envelope |
 //! | `client.rs` | the retrying client: what it retries, `Retry-After`, derived keys, network faults |
+//! | `standards.rs` | the draft read to the letter: the published policy from the configuration, unknown outcomes (423), the query in the fingerprint, callers without credentials |
 //! | `streamed.rs` | streamed responses (events, chunked bodies) recorded, replayed and followed, on SQLite, Postgres and Redis |
 //!
 //! The server and the helpers below are shared by the first three.
@@ -21,6 +22,7 @@ mod proxy;
 
 mod client;
 mod layer;
+mod standards;
 mod streamed;
 mod stripe;
 
@@ -95,7 +97,7 @@ impl Server {
 
     /// A create request with `key` and `amount`, as `user`.
     fn create(&self, key: Option<&str>, amount: u64, user: &str) -> reqwest::RequestBuilder {
-        let mut req = reqwest::Client::new()
+        let mut req = authed()
             .post(self.url("/v1/payment_intents"))
             .bearer_auth(user)
             .form(&[
@@ -109,6 +111,23 @@ impl Server {
         }
         req
     }
+}
+
+/// A reqwest client that sends credentials with every request, as an agent calling an API does
+/// (the layer refuses a keyed request whose caller it cannot tell apart); a request's own
+/// `Authorization` wins.
+fn authed() -> reqwest::Client {
+    authed_builder().build().unwrap()
+}
+
+/// The builder of [`authed`], for a client with settings of its own.
+fn authed_builder() -> reqwest::ClientBuilder {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        reqwest::header::HeaderValue::from_static("Bearer sk_test_agent"),
+    );
+    reqwest::Client::builder().default_headers(headers)
 }
 
 fn key() -> String {

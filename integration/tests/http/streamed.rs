@@ -6,8 +6,8 @@
 //! - a retry during the stream, through another server on the same store (as another process
 //!   would be), gets the frames so far, then the rest, with no gap and no duplicate;
 //! - a stream whose body fails is cut short for its client and for a follower, never ended as
-//!   if complete; once its lease lapses a retry runs it again, and the replays after that are
-//!   the new run's frames alone;
+//!   if complete, and its key is blocked as unknown (423), before its lease lapses and after:
+//!   the handler never runs twice;
 //! - a streamed answer whose status says nothing happened is passed on unrecorded, its key
 //!   released.
 
@@ -260,45 +260,46 @@ async fn a_retry_during_the_stream_attaches(url: &str) {
     assert_eq!(drafts.runs(&id), 1, "the handler ran once");
 }
 
-async fn a_broken_stream_is_cut_short_and_never_mixed(url: &str) {
+async fn a_broken_stream_is_cut_short_and_its_key_blocked(url: &str) {
     let drafts = Drafts::default();
     let lease = Duration::from_millis(600);
     let addr = serve(url, lease, drafts.clone()).await;
     let user = user();
     let id = format!("broken-{}", uuid::Uuid::new_v4().simple());
-    let query = format!("id={id}&events=100&fail_at=40");
+    let query = format!("id={id}&events=100&pause=20&fail_at=40");
     let mut first = request(addr, &user, &id, &query).send().await.unwrap();
     assert_eq!(first.status(), 200);
     let mut got = Vec::new();
-    let end = read_rest(&mut first, &mut got).await;
-    assert!(end.is_err(), "the first client's body is cut short");
-    // What reached the client before the cut: a prefix of the 40 events sent (the server
-    // may drop what it had not flushed when it cuts the connection).
-    let sent = events(1, 40);
-    assert!(sent.starts_with(&got), "a prefix of the events sent");
-    // A retry within the lease follows what was recorded, then breaks off once the lease lapses
-    // with nothing more.
+    read_at_least(&mut first, &mut got, events(1, 20).len()).await;
+    // A retry during the stream follows it.
     let mut follower = request(addr, &user, &id, &query).send().await.unwrap();
     assert_eq!(follower.headers()["idempotent-replayed"], "true");
     let mut followed = Vec::new();
-    let end = read_rest(&mut follower, &mut followed).await;
-    assert!(end.is_err(), "the follower's body is cut short too");
+    read_at_least(&mut follower, &mut followed, events(1, 20).len()).await;
+    drafts.gate(&id).notify_one();
+    // The body fails after 40 events: both bodies are cut short, each after a prefix of the
+    // events sent (the server may drop what it had not flushed when it cut the connection).
+    let sent = events(1, 40);
+    assert!(read_rest(&mut first, &mut got).await.is_err(), "cut short");
+    assert!(sent.starts_with(&got), "a prefix of the events sent");
+    assert!(
+        read_rest(&mut follower, &mut followed).await.is_err(),
+        "the follower's too"
+    );
     assert!(
         sent.starts_with(&followed),
         "a prefix of the recorded events"
     );
-    // After the lease, a retry takes the key over and runs; the replays after it are its own.
-    tokio::time::sleep(lease).await;
-    let second = request(addr, &user, &id, &query).send().await.unwrap();
-    assert!(second.headers().get("idempotent-replayed").is_none());
-    assert!(second.bytes().await.unwrap()[..] == events(2, 100)[..]);
-    let replay = request(addr, &user, &id, &query).send().await.unwrap();
-    assert_eq!(replay.headers()["idempotent-replayed"], "true");
-    assert!(
-        replay.bytes().await.unwrap()[..] == events(2, 100)[..],
-        "the second run's events alone"
-    );
-    assert_eq!(drafts.runs(&id), 2);
+    // The handler ran and its outcome is unknown: its key is blocked, before the lease lapses
+    // and after, and the handler never runs again.
+    for wait in [Duration::ZERO, lease + Duration::from_millis(100)] {
+        tokio::time::sleep(wait).await;
+        let retry = request(addr, &user, &id, &query).send().await.unwrap();
+        assert_eq!(retry.status(), 423, "outcome unknown");
+        let problem: serde_json::Value = retry.json().await.unwrap();
+        assert_eq!(problem["type"], "/idempotency-policy#outcome-unknown");
+    }
+    assert_eq!(drafts.runs(&id), 1, "the handler ran once");
 }
 
 async fn a_streamed_no_effect_status_is_not_kept(url: &str) {
@@ -363,6 +364,6 @@ macro_rules! on_every_store {
 on_every_store!(
     streams_replay_byte_for_byte,
     a_retry_during_the_stream_attaches,
-    a_broken_stream_is_cut_short_and_never_mixed,
+    a_broken_stream_is_cut_short_and_its_key_blocked,
     a_streamed_no_effect_status_is_not_kept,
 );
