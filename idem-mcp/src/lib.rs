@@ -56,14 +56,16 @@ use rmcp::handler::server::common::{AsRequestContext, FromContextPart};
 use serde::Serialize;
 
 /// Key parts an MCP host sends in a `tools/call` request's `_meta`, out of the model's sight:
-/// `_meta.idempotency_key`, `_meta.run_id` and `_meta.step_id`, each a string when present.
+/// `_meta.idempotency_key` (or `_meta.idempotencyKey`, as MCP's idempotency proposal and
+/// earlier community practice spell it), `_meta.run_id` and `_meta.step_id`, each a string
+/// when present.
 /// An rmcp tool method takes it as a parameter (rmcp extracts it from the request, and it is
 /// not part of the tool's input schema); `#[idempotent(key = "meta.run_id, meta.step_id")]`
 /// then keys the call by them. A present value that is not a string is refused with
 /// `invalid_params` before the tool runs.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct MetaKeys {
-    /// `_meta.idempotency_key`: one key naming the call.
+    /// `_meta.idempotency_key` or `_meta.idempotencyKey`: one key naming the call.
     pub idempotency_key: Option<String>,
     /// `_meta.run_id`: the agent run the call belongs to.
     pub run_id: Option<String>,
@@ -87,8 +89,18 @@ impl MetaKeys {
                 }
             )),
         };
+        let idempotency_key = match (read("idempotency_key")?, read("idempotencyKey")?) {
+            (Some(snake), Some(camel)) if snake != camel => {
+                return Err(
+                    "`_meta.idempotency_key` and `_meta.idempotencyKey` name two different keys; \
+                     send one"
+                        .to_owned(),
+                );
+            }
+            (snake, camel) => snake.or(camel),
+        };
         Ok(MetaKeys {
-            idempotency_key: read("idempotency_key")?,
+            idempotency_key,
             run_id: read("run_id")?,
             step_id: read("step_id")?,
         })
@@ -121,5 +133,25 @@ mod tests {
         let bad = json!({"step_id": 3});
         let err = MetaKeys::from_meta(bad.as_object().unwrap()).unwrap_err();
         assert_eq!(err, "`_meta.step_id` must be a string, not a number");
+    }
+
+    #[test]
+    fn the_key_may_be_spelled_as_mcps_proposal_spells_it() {
+        let camel = json!({"idempotencyKey": "pay-7"});
+        let keys = MetaKeys::from_meta(camel.as_object().unwrap()).unwrap();
+        assert_eq!(keys.idempotency_key.as_deref(), Some("pay-7"));
+        let both = json!({"idempotencyKey": "pay-7", "idempotency_key": "pay-7"});
+        let keys = MetaKeys::from_meta(both.as_object().unwrap()).unwrap();
+        assert_eq!(
+            keys.idempotency_key.as_deref(),
+            Some("pay-7"),
+            "the same key twice"
+        );
+        let two = json!({"idempotencyKey": "pay-7", "idempotency_key": "pay-8"});
+        let err = MetaKeys::from_meta(two.as_object().unwrap()).unwrap_err();
+        assert!(err.contains("two different keys"), "{err}");
+        let bad = json!({"idempotencyKey": 7});
+        let err = MetaKeys::from_meta(bad.as_object().unwrap()).unwrap_err();
+        assert_eq!(err, "`_meta.idempotencyKey` must be a string, not a number");
     }
 }
