@@ -52,6 +52,30 @@ mod progress;
 
 pub use progress::{Progress, ProgressNote};
 
+/// The name idem's idempotency goes by in a server's experimental capabilities (MCP has no
+/// standard one yet: its proposal, SEP-3182, was closed without merging).
+pub const CAPABILITY: &str = "idempotency";
+
+/// `capabilities` with idem's idempotency advertised in `experimental`, under [`CAPABILITY`]:
+/// `{"keys": ["_meta.idempotencyKey", "_meta.idempotency_key"]}`, where a client puts the key
+/// of a `tools/call` for the tools that read it from `_meta` ([`MetaKeys`]). A call that sends
+/// a key already used with other arguments is answered `isError` with `status: "mismatch"`,
+/// and runs nothing.
+pub fn advertise(
+    mut capabilities: rmcp::model::ServerCapabilities,
+) -> rmcp::model::ServerCapabilities {
+    let mut idempotency = serde_json::Map::new();
+    idempotency.insert(
+        "keys".to_owned(),
+        serde_json::json!(["_meta.idempotencyKey", "_meta.idempotency_key"]),
+    );
+    capabilities
+        .experimental
+        .get_or_insert_with(Default::default)
+        .insert(CAPABILITY.to_owned(), idempotency);
+    capabilities
+}
+
 use rmcp::handler::server::common::{AsRequestContext, FromContextPart};
 use serde::Serialize;
 

@@ -317,7 +317,16 @@ impl Crew {
 }
 
 #[tool_handler]
-impl ServerHandler for Crew {}
+impl ServerHandler for Crew {
+    /// The tools, and idem's idempotency advertised in the experimental capabilities.
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        let capabilities = rmcp::model::ServerCapabilities::builder()
+            .enable_tools()
+            .build();
+        rmcp::model::ServerConfig::new(idem::mcp::advertise(capabilities))
+            .with_server_info(rmcp::model::Implementation::from_build_env())
+    }
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -36,6 +36,17 @@ async fn an_mcp_client_over_stdio_sees_replays_mismatches_and_honest_tools() {
     command.args(["--store", &store]);
     let client = ().serve(TokioChildProcess::new(command).unwrap()).await.unwrap();
 
+    let info = client.peer_info().expect("the server's info");
+    let advertised = info
+        .capabilities
+        .experimental
+        .as_ref()
+        .and_then(|e| e.get(idem::mcp::CAPABILITY))
+        .expect("idempotency advertised");
+    assert_eq!(
+        advertised["keys"],
+        json!(["_meta.idempotencyKey", "_meta.idempotency_key"])
+    );
     let tools = client.list_all_tools().await.unwrap();
     let tool = |name: &str| tools.iter().find(|t| t.name == name).unwrap().clone();
     let pay = tool("register_payment");
