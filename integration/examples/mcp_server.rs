@@ -6,7 +6,8 @@
 //! - `set_status` (natural): safe to repeat as it is;
 //!
 //! plus `charge_run_step`, keyed by the run and step ids the host sends in the request's `_meta`
-//! (the model never sees the key), `export_ledger`, a streaming tool that reports its progress
+//! (the model never sees the key), `refund`, keyed by the idempotency key the host sends in
+//! `_meta` (`idempotencyKey` or `idempotency_key`), `export_ledger`, a streaming tool that reports its progress
 //! (`notifications/progress`, one a row, paced by `--latency`; a retried export receives the
 //! same notifications again, then the first export's result), and a read-only `list_charges`,
 //! the ledger. Every answer is structured content with `status` (`ok`, `in_flight`,
@@ -99,6 +100,23 @@ struct StatusRequest {
 #[error("{0}")]
 struct ToolError(String);
 
+/// Arguments of `refund`: no key among them, the host sends it in `_meta`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+struct RefundRequest {
+    /// The charge to refund.
+    charge: String,
+    /// How much of it, in the currency's smallest unit.
+    amount_cents: u64,
+}
+
+/// A refund.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Refund {
+    id: String,
+    charge: String,
+    amount_cents: u64,
+}
+
 /// Arguments of `export_ledger`.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 struct ExportRequest {
@@ -156,6 +174,7 @@ struct Crew {
     ledger: Arc<Mutex<Vec<Payment>>>,
     roster: Arc<Mutex<BTreeSet<(String, String)>>>,
     statuses: Arc<Mutex<BTreeMap<String, String>>>,
+    refunds: Arc<Mutex<Vec<Refund>>>,
 }
 
 impl Crew {
@@ -201,6 +220,7 @@ impl Crew {
             ledger: Arc::default(),
             roster: Arc::default(),
             statuses: Arc::default(),
+            refunds: Arc::default(),
         }
     }
 
@@ -249,6 +269,32 @@ impl Crew {
         let _ = meta;
         let p = params.0;
         Ok(self.charge(p.customer, p.amount_cents, p.currency).await)
+    }
+
+    /// Refunds part of a charge, once per idempotency key the host sends in `_meta`
+    /// (`idempotencyKey` or `idempotency_key`).
+    #[idempotent(key = "meta.idempotency_key", mutating, required, name = "mcp.refund")]
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = false,
+        idempotent_hint = true,
+        open_world_hint = true
+    ))]
+    async fn refund(
+        &self,
+        params: Parameters<RefundRequest>,
+        meta: MetaKeys,
+    ) -> Result<Refund, ToolError> {
+        let _ = meta;
+        let p = params.0;
+        let mut refunds = self.refunds.lock().unwrap();
+        let refund = Refund {
+            id: format!("re_{}", refunds.len() + 1),
+            charge: p.charge,
+            amount_cents: p.amount_cents,
+        };
+        refunds.push(refund.clone());
+        Ok(refund)
     }
 
     /// Puts a crewmate on a shift.

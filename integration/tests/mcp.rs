@@ -445,3 +445,83 @@ async fn a_retried_export_replays_its_progress_notifications() {
     assert_eq!(listener.count(), 163, "no more");
     client.cancel().await.unwrap();
 }
+
+/// Where the official MCP Python SDK is installed (`IDEM_TEST_PYTHON_MCP`, which `.ci/run` sets
+/// and fills with `pip install --target`); `None` skips the test (with
+/// `IDEM_REQUIRE_BACKENDS=1`, as in CI, a missing SDK is a failure).
+fn python_mcp() -> Option<String> {
+    let dir = std::env::var("IDEM_TEST_PYTHON_MCP").ok().filter(|d| {
+        std::process::Command::new("python3")
+            .args(["-c", "import mcp"])
+            .env("PYTHONPATH", d)
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if dir.is_none() {
+        assert_ne!(
+            std::env::var("IDEM_REQUIRE_BACKENDS").as_deref(),
+            Ok("1"),
+            "the MCP Python SDK is required: pip install --target DIR mcp==2.3.0, and set \
+             IDEM_TEST_PYTHON_MCP=DIR"
+        );
+        eprintln!("skipped: set IDEM_TEST_PYTHON_MCP to a directory holding the `mcp` package");
+    }
+    dir
+}
+
+/// The official MCP Python SDK sends the key each way a client may (`tests/mcp_python/keys.py`):
+/// `_meta.idempotency_key` and `_meta.idempotencyKey` replay the first refund; the same key
+/// with other arguments is a mismatch; no key is refused (the tool requires one); and
+/// `params.idempotencyKey`, beside `arguments` as MCP's proposal puts it, is dropped by rmcp
+/// 3.11 before the tool sees it, so the call is refused as keyless, never run. The server's
+/// experimental capability says where keys go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_sends_the_key_each_way_a_client_may() {
+    let Some(lib) = python_mcp() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_python/keys.py");
+    let output = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(example())
+        .arg(&store)
+        .env("PYTHONPATH", &lib)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        out["experimental"]["idempotency"]["keys"],
+        json!(["_meta.idempotencyKey", "_meta.idempotency_key"])
+    );
+    for (form, id) in [("snake", "re_1"), ("camel", "re_2")] {
+        let [first, again] = [&out[form][0], &out[form][1]];
+        assert_eq!(first["is_error"], false, "{form}: {first}");
+        assert_eq!(first["content"]["value"]["id"], id, "{form}: {first}");
+        assert_eq!(first["content"]["replayed"], false);
+        assert_eq!(again["content"]["replayed"], true, "{form}: {again}");
+        assert_eq!(again["content"]["value"], first["content"]["value"]);
+    }
+    assert_eq!(out["reused"]["is_error"], true);
+    assert_eq!(out["reused"]["content"]["status"], "mismatch");
+    let refused = |answer: &Value| {
+        answer["is_error"] == true
+            && answer["content"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("requires an idempotency key"))
+    };
+    assert!(refused(&out["keyless"]), "{}", out["keyless"]);
+    for answer in out["params"].as_array().unwrap() {
+        assert!(
+            refused(answer),
+            "rmcp drops params.idempotencyKey: {answer}"
+        );
+    }
+}
