@@ -416,7 +416,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(addr) = http {
         return serve_http(crew, &addr).await;
     }
-    match crew.serve(rmcp::transport::stdio()).await {
+    // Over stdio a key sent beside the arguments (`params.idempotencyKey`) is moved into
+    // `_meta` before rmcp reads the request, which would drop it.
+    let stdio = (
+        idem::mcp::lift_keys(tokio::io::stdin()),
+        tokio::io::stdout(),
+    );
+    match crew.serve(stdio).await {
         Ok(server) => {
             server.waiting().await?;
         }

@@ -6,7 +6,7 @@ send it, printed as one JSON object on stdout for integration/tests/mcp.rs to ch
 - `_meta.idempotency_key` and `_meta.idempotencyKey` through the SDK's `call_tool(meta=...)`;
 - a key reused with other arguments;
 - `params.idempotencyKey` (MCP's idempotency proposal, SEP-3182, beside `arguments`), sent as
-  raw JSON-RPC since the SDK's models have no such field;
+  raw JSON-RPC to a server process of its own, since the SDK's models have no such field;
 - the server's experimental capabilities, as the SDK reads them.
 """
 

@@ -1,0 +1,117 @@
+//! The key a client sends beside a `tools/call`'s arguments (`params.idempotencyKey`, as MCP's
+//! idempotency proposal puts it), moved into the request's `_meta` before rmcp reads the
+//! request: rmcp keeps no params it does not know, and [`MetaKeys`](crate::MetaKeys) reads
+//! `_meta`.
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+
+/// How much a line may wait in the pipe between the lifting task and rmcp.
+const PIPE: usize = 64 * 1024;
+
+/// Moves a `tools/call` request's `params.idempotencyKey` into `params._meta.idempotencyKey`
+/// (the field left in place: rmcp ignores it); answers whether it moved one. A `_meta` that
+/// already holds another `idempotencyKey` keeps it, and the moved key goes to
+/// `_meta.idempotency_key`, so that [`MetaKeys`](crate::MetaKeys) refuses the two.
+pub fn lift_key(message: &mut Value) -> bool {
+    if message.get("method").and_then(Value::as_str) != Some("tools/call") {
+        return false;
+    }
+    let Some(params) = message.get_mut("params").and_then(Value::as_object_mut) else {
+        return false;
+    };
+    let Some(key) = params.get("idempotencyKey").cloned() else {
+        return false;
+    };
+    let meta = params
+        .entry("_meta")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let Some(meta) = meta.as_object_mut() else {
+        return false;
+    };
+    match meta.get("idempotencyKey") {
+        None => {
+            meta.insert("idempotencyKey".to_owned(), key);
+        }
+        Some(held) if *held == key => {}
+        Some(_) => {
+            meta.insert("idempotency_key".to_owned(), key);
+        }
+    }
+    true
+}
+
+/// `input` (newline-delimited JSON-RPC, as MCP's stdio transport sends it) with each request's
+/// key lifted into `_meta` ([`lift_key`]); lines that are not JSON pass as they are, for rmcp
+/// to answer. Serve rmcp on `(lift_keys(tokio::io::stdin()), tokio::io::stdout())`. A task of
+/// the current runtime does the reading; it ends with `input`.
+pub fn lift_keys<R>(input: R) -> impl AsyncRead + Send + Unpin + 'static
+where
+    R: AsyncRead + Send + Unpin + 'static,
+{
+    let (mut to_rmcp, from_input) = tokio::io::duplex(PIPE);
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(input).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let line = match serde_json::from_str::<Value>(&line) {
+                Ok(mut message) => {
+                    if lift_key(&mut message) {
+                        message.to_string()
+                    } else {
+                        line
+                    }
+                }
+                Err(_) => line,
+            };
+            if to_rmcp.write_all(line.as_bytes()).await.is_err()
+                || to_rmcp.write_all(b"\n").await.is_err()
+            {
+                return;
+            }
+        }
+    });
+    from_input
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use tokio::io::AsyncReadExt;
+
+    use super::{lift_key, lift_keys};
+
+    #[test]
+    fn a_params_key_moves_into_meta() {
+        let mut call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "refund", "arguments": {}, "idempotencyKey": "r-3"}});
+        assert!(lift_key(&mut call));
+        assert_eq!(call["params"]["_meta"]["idempotencyKey"], "r-3");
+        let mut both = json!({"method": "tools/call",
+            "params": {"idempotencyKey": "r-3", "_meta": {"idempotencyKey": "r-4"}}});
+        assert!(lift_key(&mut both));
+        assert_eq!(both["params"]["_meta"]["idempotencyKey"], "r-4");
+        assert_eq!(
+            both["params"]["_meta"]["idempotency_key"], "r-3",
+            "for MetaKeys to refuse"
+        );
+        let mut other = json!({"method": "tools/list", "params": {"idempotencyKey": "x"}});
+        assert!(!lift_key(&mut other));
+        assert!(other["params"].get("_meta").is_none());
+        let mut keyless = json!({"method": "tools/call", "params": {"name": "refund"}});
+        assert!(!lift_key(&mut keyless));
+    }
+
+    #[tokio::test]
+    async fn lines_are_lifted_in_order_and_others_pass() {
+        let input =
+            b"{\"method\":\"tools/call\",\"params\":{\"idempotencyKey\":\"k\"}}\nnot json\n";
+        let mut lifted = lift_keys(&input[..]);
+        let mut out = String::new();
+        lifted.read_to_string(&mut out).await.unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2);
+        let first: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(first["params"]["_meta"]["idempotencyKey"], "k");
+        assert_eq!(lines[1], "not json");
+    }
+}
