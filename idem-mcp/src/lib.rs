@@ -51,7 +51,7 @@
 mod lift;
 mod progress;
 
-pub use lift::{lift_key, lift_keys};
+pub use lift::{LiftKeys, LiftKeysLayer, lift_key, lift_keys};
 pub use progress::{Progress, ProgressNote};
 
 /// The name idem's idempotency goes by in a server's experimental capabilities (MCP has no

@@ -448,6 +448,9 @@ async fn serve_http(crew: Crew, addr: &str) -> Result<(), Box<dyn std::error::Er
         LocalSessionManager::default().into(),
         StreamableHttpServerConfig::default(),
     );
+    // A key sent beside the arguments (`params.idempotencyKey`) is moved into `_meta` before
+    // rmcp reads the request, which would drop it.
+    let mcp = tower_layer::Layer::layer(&idem::mcp::LiftKeysLayer, mcp);
     let app = axum::Router::new().nest_service("/mcp", mcp);
     eprintln!("mcp_server: streamable HTTP on http://{local}/mcp");
     axum::serve(listener, app).await?;

@@ -154,6 +154,57 @@ fn step_call(meta: Option<Value>) -> CallToolRequestParams {
     params
 }
 
+/// Two `tools/call`s of `refund` over raw streamable HTTP, its key beside the arguments
+/// (`params.idempotencyKey`, as MCP's proposal puts it): their structured results.
+async fn raw_http_refunds(mcp: &str) -> Vec<Value> {
+    let http = reqwest::Client::new();
+    let post = |body: Value, session: Option<&str>| {
+        let mut req = http
+            .post(mcp)
+            .header("accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(session) = session {
+            req = req
+                .header("mcp-session-id", session)
+                .header("mcp-protocol-version", "2025-06-18");
+        }
+        req.send()
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}});
+    let init = post(init, None).await.unwrap();
+    let session = init.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let _ = init.text().await;
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post(initialized, Some(&session)).await.unwrap();
+    let mut out = Vec::new();
+    for id in [2, 3] {
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "refund", "arguments": {"charge": "ch_9", "amount_cents": 100},
+            "idempotencyKey": "r-http"}});
+        let text = post(call, Some(&session))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        // A stream of events (`data: {…}`), or one JSON body.
+        let answer = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+            .chain(serde_json::from_str::<Value>(&text).ok())
+            .find(|message| message["id"] == id)
+            .unwrap_or_else(|| panic!("no answer to call {id}: {text}"));
+        out.push(answer["result"]["structuredContent"].clone());
+    }
+    out
+}
+
 /// The example over streamable HTTP (`--http`), with Prometheus metrics (`--metrics`): keys from
 /// the request's `_meta`, replays across two client sessions, the counters of what happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,7 +297,7 @@ async fn streamable_http_keys_from_meta_and_prometheus_metrics() {
     assert!(wrong.to_string().contains("_meta.step_id"), "{wrong}");
     // Two sessions send one step at once (a host retried while the first call ran, 300 ms at the
     // provider): the second waits for the first, and both answer its one charge.
-    let other = ().serve(StreamableHttpClientTransport::from_uri(mcp)).await.unwrap();
+    let other = ().serve(StreamableHttpClientTransport::from_uri(mcp.clone())).await.unwrap();
     let meta = json!({"run_id": "run-42", "step_id": "10"});
     let (a, b) = tokio::join!(
         client.call_tool(step_call(Some(meta.clone()))),
@@ -264,6 +315,11 @@ async fn streamable_http_keys_from_meta_and_prometheus_metrics() {
     assert_eq!(a["value"], b["value"], "one charge");
     assert_ne!(a["replayed"], b["replayed"], "one ran, one waited: {a} {b}");
     other.cancel().await.unwrap();
+    // A key beside the arguments, over raw HTTP: lifted into `_meta`, the second call replays.
+    let refunds = raw_http_refunds(&mcp).await;
+    assert_eq!(refunds[0]["replayed"], false, "{refunds:?}");
+    assert_eq!(refunds[1]["replayed"], true, "{refunds:?}");
+    assert_eq!(refunds[1]["value"], refunds[0]["value"]);
     let charges = client
         .call_tool(CallToolRequestParams::new("list_charges"))
         .await
