@@ -53,6 +53,7 @@ mod body;
 mod config;
 mod error_body;
 mod layer;
+mod policy;
 mod problem;
 mod service;
 mod stored;
