@@ -18,9 +18,11 @@
 //! | not POST/PATCH (configurable), or a route that is not enforced | passed through | yes |
 //! | no `Idempotency-Key` (when required, the default) | 400 `missing-key` | no |
 //! | a repeated, empty or malformed key (1 to 255 visible ASCII; a structured-field String `"…"`, or bare) | 400 | no |
+//! | a key from a caller the layer cannot tell apart (no `Authorization`, by default) | 400 `unidentified-caller` (unless [`IdempotencyLayer::shared_anonymous_scope`]) | no |
 //! | a body over the limit | 413 `body-too-large` | no |
-//! | a key already used with another method, path or body | 422 `key-reused` (checked first) | no |
+//! | a key already used with another method, path, query or body | 422 `key-reused` (checked first) | no |
 //! | a key whose first request is still running | 409 `in-flight` with `Retry-After: 1` (retry soon, same key) | no |
+//! | a key whose first request ran but did not finish its response, or whose server stopped before it answered (once its lease lapsed) | 423 `outcome-unknown`: retrying cannot settle it (unless [`IdempotencyLayer::rerun_orphans`] for the second) | no |
 //! | a key whose first request completed | its status, selected headers and body, byte for byte, with `Idempotent-Replayed: true` | no |
 //! | a key whose first request is streaming its response (below) | its status, selected headers and the frames recorded so far, then the rest as they are recorded, with `Idempotent-Replayed: true` | no |
 //! | a new key | the handler's response, stored unless its status says nothing happened (400, 401, 403, 404, 405, 409, 413, 415, 422, 429 by default) | yes, once |
@@ -28,8 +30,9 @@
 //!
 //! Keys are scoped by principal: by default a hash of the `Authorization` header, so two
 //! clients with the same key never see each other's responses ([`IdempotencyLayer::principal`]).
-//! The fingerprint is the method, the path and the canonical body: JSON canonicalized (RFC 8785),
-//! form bodies as sorted pairs, other bodies as bytes; fields named in
+//! The fingerprint is the method, the path, the query (its pairs, decoded and sorted) and the
+//! canonical body: JSON canonicalized (RFC 8785), form bodies as sorted pairs, other bodies as
+//! bytes; fields named in
 //! [`IdempotencyLayer::skip`] are left out. Errors are RFC 9457 `application/problem+json`, each
 //! with its own `type` under the policy URL and a `Link: <policy>; rel="describedby"`; the layer
 //! serves the policy itself (`GET /idempotency-policy` by default, generated from its settings).
