@@ -216,8 +216,8 @@ impl Config {
             Ok(Claiming::Mismatch) => {
                 return self.own_problem(
                     Problem::KeyReused,
-                    "this idempotency key was already used with another method, path or body; \
-                     a new request needs a new key"
+                    "this idempotency key was already used with another method, path, query or \
+                     body; a new request needs a new key"
                         .to_owned(),
                 );
             }
@@ -240,8 +240,8 @@ impl Config {
             Ok(Claiming::Unknown) => {
                 return self.own_problem(
                     Problem::OutcomeUnknown,
-                    "whether the first request with this key took effect is unknown; it must \
-                     be resolved before the key can be used"
+                    "whether the first request with this key took effect is unknown; retrying \
+                     cannot settle it: the service's operator resolves the key"
                         .to_owned(),
                 );
             }
