@@ -411,17 +411,15 @@ fn fingerprint(parts: &http::request::Parts, body: &Bytes, skip: &[Vec<String>])
                 CanonicalBody::Json(json)
             })
     } else if content_type.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
-        // The pairs borrow the body where they need no decoding. A skipped path's segments
-        // came from splitting at dots, so a name is skipped when it splits into them.
+        // A skipped path's segments came from splitting at dots, so a name is skipped when it
+        // splits into them.
         let skipped = |name: &str| {
             skip.iter()
                 .any(|path| name.split('.').eq(path.iter().map(String::as_str)))
         };
-        let mut pairs: Vec<(Cow<'_, str>, Cow<'_, str>)> = form_urlencoded::parse(body)
-            .filter(|(name, _)| !skipped(name))
-            .collect();
-        pairs.sort();
-        Some(CanonicalBody::Form(pairs))
+        Some(CanonicalBody::Form(sorted_pairs(body, |name| {
+            !skipped(name)
+        })))
     } else {
         None
     }
@@ -440,13 +438,12 @@ fn fingerprint(parts: &http::request::Parts, body: &Bytes, skip: &[Vec<String>])
                 Fingerprint::from_bytes(Sha256::digest(body).into())
             })
     };
-    // The query as its name-value pairs, decoded and sorted: `?b=2&a=%31` is `?a=1&b=2`.
-    let query: Option<Vec<(Cow<'_, str>, Cow<'_, str>)>> =
-        parts.uri.query().filter(|q| !q.is_empty()).map(|q| {
-            let mut pairs: Vec<_> = form_urlencoded::parse(q.as_bytes()).collect();
-            pairs.sort();
-            pairs
-        });
+    // The query as its name-value pairs, as a form body's: `?b=2&a=%31` is `?a=1&b=2`.
+    let query = parts
+        .uri
+        .query()
+        .filter(|q| !q.is_empty())
+        .map(|q| sorted_pairs(q.as_bytes(), |_| true));
     match query {
         // A request without a query is fingerprinted as before queries counted.
         None => Fingerprints {
@@ -458,6 +455,17 @@ fn fingerprint(parts: &http::request::Parts, body: &Bytes, skip: &[Vec<String>])
             before_queries: Some(of(None)),
         },
     }
+}
+
+/// The name-value pairs of a form-encoded text (a form body, a query) whose names `keep`
+/// keeps, decoded and sorted, so that neither their order nor their encoding counts; they
+/// borrow the text where they need no decoding.
+fn sorted_pairs(encoded: &[u8], keep: impl Fn(&str) -> bool) -> Vec<(Cow<'_, str>, Cow<'_, str>)> {
+    let mut pairs: Vec<_> = form_urlencoded::parse(encoded)
+        .filter(|(name, _)| keep(name))
+        .collect();
+    pairs.sort();
+    pairs
 }
 
 /// A request's fingerprint, and for a request with a query the fingerprint earlier builds gave
