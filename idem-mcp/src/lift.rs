@@ -50,9 +50,9 @@ pub fn lift_key(message: &mut Value) -> bool {
     true
 }
 
-/// `input` (newline-delimited JSON-RPC, as MCP's stdio transport sends it) with each request's
-/// key lifted into `_meta` ([`lift_key`]); lines that are not JSON pass as they are, for rmcp
-/// to answer. Serve rmcp on `(lift_keys(tokio::io::stdin()), tokio::io::stdout())`. A task of
+/// `input` (newline-delimited JSON-RPC, as MCP's stdio transport sends it) with each line's
+/// keys lifted into `_meta` as [`LiftKeysLayer`] lifts a body's (one message, or a batch);
+/// lines that are not JSON pass as they are, for rmcp to answer. Serve rmcp on `(lift_keys(tokio::io::stdin()), tokio::io::stdout())`. A task of
 /// the current runtime does the reading; it ends with `input`.
 pub fn lift_keys<R>(input: R) -> impl AsyncRead + Send + Unpin + 'static
 where
@@ -62,19 +62,8 @@ where
     tokio::spawn(async move {
         let mut lines = BufReader::new(input).lines();
         while let Ok(Some(line)) = lines.next_line().await {
-            let line = match serde_json::from_str::<Value>(&line) {
-                Ok(mut message) => {
-                    if lift_key(&mut message) {
-                        message.to_string()
-                    } else {
-                        line
-                    }
-                }
-                Err(_) => line,
-            };
-            if to_rmcp.write_all(line.as_bytes()).await.is_err()
-                || to_rmcp.write_all(b"\n").await.is_err()
-            {
+            let line = lift_in_body(Bytes::from(line));
+            if to_rmcp.write_all(&line).await.is_err() || to_rmcp.write_all(b"\n").await.is_err() {
                 return;
             }
         }
@@ -202,15 +191,24 @@ mod tests {
 
     #[tokio::test]
     async fn lines_are_lifted_in_order_and_others_pass() {
-        let input =
-            b"{\"method\":\"tools/call\",\"params\":{\"idempotencyKey\":\"k\"}}\nnot json\n";
-        let mut lifted = lift_keys(&input[..]);
+        let input = concat!(
+            "{\"method\":\"tools/call\",\"params\":{\"idempotencyKey\":\"k\"}}\n",
+            "not json\n",
+            "[{\"method\":\"tools/call\",\"params\":{\"idempotencyKey\":\"b\"}}]\n",
+        )
+        .as_bytes();
+        let mut lifted = lift_keys(input);
         let mut out = String::new();
         lifted.read_to_string(&mut out).await.unwrap();
         let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines.len(), 2);
+        assert_eq!(lines.len(), 3);
         let first: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
         assert_eq!(first["params"]["_meta"]["idempotencyKey"], "k");
         assert_eq!(lines[1], "not json");
+        let batch: serde_json::Value = serde_json::from_str(lines[2]).unwrap();
+        assert_eq!(
+            batch[0]["params"]["_meta"]["idempotencyKey"], "b",
+            "a batch too"
+        );
     }
 }
