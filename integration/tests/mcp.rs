@@ -3,6 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+#[path = "common/python.rs"]
+mod python;
+
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
 use rmcp::transport::TokioChildProcess;
@@ -502,27 +505,14 @@ async fn a_retried_export_replays_its_progress_notifications() {
     client.cancel().await.unwrap();
 }
 
-/// Where the official MCP Python SDK is installed (`IDEM_TEST_PYTHON_MCP`, which `.ci/run` sets
-/// and fills with `pip install --target`); `None` skips the test (with
-/// `IDEM_REQUIRE_BACKENDS=1`, as in CI, a missing SDK is a failure).
+/// The `PYTHONPATH` under which the official MCP Python SDK imports (`IDEM_TEST_PYTHON_MCP`,
+/// which `.ci/run` sets and fills with `pip install --target`; unset, the system's packages);
+/// `None` skips the test (with `IDEM_REQUIRE_BACKENDS=1`, as in CI, a missing SDK is a
+/// failure).
 fn python_mcp() -> Option<String> {
-    let dir = std::env::var("IDEM_TEST_PYTHON_MCP").ok().filter(|d| {
-        std::process::Command::new("python3")
-            .args(["-c", "import mcp"])
-            .env("PYTHONPATH", d)
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    if dir.is_none() {
-        assert_ne!(
-            std::env::var("IDEM_REQUIRE_BACKENDS").as_deref(),
-            Ok("1"),
-            "the MCP Python SDK is required: pip install --target DIR mcp==2.3.0, and set \
-             IDEM_TEST_PYTHON_MCP=DIR"
-        );
-        eprintln!("skipped: set IDEM_TEST_PYTHON_MCP to a directory holding the `mcp` package");
-    }
-    dir
+    let dir = std::env::var("IDEM_TEST_PYTHON_MCP").unwrap_or_default();
+    let install = "pip install --target DIR mcp==2.3.0, and set IDEM_TEST_PYTHON_MCP=DIR";
+    python::can_import("mcp", Some(&dir), install).then_some(dir)
 }
 
 /// The official MCP Python SDK sends the key each way a client may (`tests/mcp_python/keys.py`):

@@ -19,6 +19,8 @@ mod common;
 mod payments_server;
 #[path = "../common/proxy.rs"]
 mod proxy;
+#[path = "../common/python.rs"]
+mod python;
 
 mod client;
 mod layer;
