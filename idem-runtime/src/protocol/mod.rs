@@ -22,6 +22,7 @@ pub(crate) mod batch;
 pub(crate) mod call;
 pub(crate) mod checked;
 pub(crate) mod completion;
+pub(crate) mod follower;
 pub(crate) mod lease;
 pub(crate) mod policy;
 pub(crate) mod record;
@@ -34,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use completion::Recorded;
-pub use stream::{Followed, Follower, PAGE};
+pub use follower::{Followed, Follower, PAGE};
 pub use wait::claim_waiting;
 
 use crate::lease_state::LeaseState;
