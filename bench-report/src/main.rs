@@ -99,7 +99,7 @@ struct Backend {
     raw_fresh_label: &'static str,
 }
 
-const BACKENDS: [Backend; 3] = [
+const BACKENDS: [Backend; 4] = [
     Backend {
         name: "SQLite",
         replay: "replay",
@@ -125,6 +125,16 @@ const BACKENDS: [Backend; 3] = [
         replay: "redis_replay",
         fresh: "redis_fresh",
         concurrent: "redis_fresh_concurrent",
+        raw_replay: "raw_lookup",
+        raw_fresh: "raw_two_writes",
+        raw_replay_label: "GET + fingerprint check + deserialize",
+        raw_fresh_label: "SET NX PX, then SET",
+    },
+    Backend {
+        name: "Valkey",
+        replay: "valkey_replay",
+        fresh: "valkey_fresh",
+        concurrent: "valkey_fresh_concurrent",
         raw_replay: "raw_lookup",
         raw_fresh: "raw_two_writes",
         raw_replay_label: "GET + fingerprint check + deserialize",
@@ -605,7 +615,7 @@ fn chart(results: &Results, path: &Path) -> Result<(), Box<dyn std::error::Error
         .y_label_formatter(&|y| format!("{y:.0}"))
         .y_desc("calls/s")
         .draw()?;
-    let colors = [RED, BLUE, GREEN];
+    let colors = [RED, BLUE, GREEN, MAGENTA];
     for ((name, points), color) in series.iter().zip(colors) {
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?

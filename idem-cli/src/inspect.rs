@@ -62,6 +62,7 @@ pub(crate) async fn doctor(
                 "durable": health.durable,
                 "detail": health.detail,
                 "encrypted": health.encrypted,
+                "fencing": health.fencing,
                 "clock_skew_ms": skew,
                 "problems": problems,
             })
@@ -86,6 +87,9 @@ pub(crate) async fn doctor(
             Some(true) => println!("connection   encrypted (TLS)"),
             Some(false) => println!("connection   NOT encrypted (plain text)"),
             None => {}
+        }
+        if let Some(fencing) = &health.fencing {
+            println!("fencing      {fencing}");
         }
         match skew {
             Some(ms) => println!(

@@ -156,6 +156,11 @@ async fn every_subcommand(url: &str, backend: &str) {
     if backend != "sqlite" {
         assert!(doctor["clock_skew_ms"].is_i64(), "{doctor}");
     }
+    if backend == "redis" {
+        assert!(doctor["fencing"].is_string(), "{doctor}");
+    } else {
+        assert!(doctor["fencing"].is_null(), "{doctor}");
+    }
 
     assert!(ok(url, &["migrate"], 0).contains(&format!("schema version {version}")));
 
@@ -372,6 +377,25 @@ async fn every_subcommand_on_redis() {
         .query_async(&mut conn)
         .await
         .unwrap();
+}
+
+/// `idem doctor` says how the Redis store fences its writes: on Valkey 9 by the server's own
+/// compare-and-set, unless the URL asks for scripts.
+#[test]
+fn doctor_names_the_fencing_of_a_valkey_server() {
+    let Some(url) = test_server_url("IDEM_TEST_VALKEY_URL") else {
+        return;
+    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{sep}prefix=idem-cli-doctor");
+    // Not durable (the test server keeps nothing on disk): exit code 1.
+    let native = ok(&url, &["doctor"], 1);
+    assert!(
+        native.contains("fencing      the server's compare-and-set (SET … IFEQ, DELIFEQ)"),
+        "{native}"
+    );
+    let scripts = ok(&format!("{url}&fencing=script"), &["doctor"], 1);
+    assert!(scripts.contains("fencing      Lua scripts"), "{scripts}");
 }
 
 #[test]

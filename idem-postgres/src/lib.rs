@@ -719,6 +719,7 @@ impl PostgresStore {
         Ok(StoreHealth {
             backend: BACKEND,
             encrypted,
+            fencing: None,
             schema_version: version.map_or(0, |v| v.max(0) as u32),
             expected_schema_version: SCHEMA_VERSION,
             durable,

@@ -8,6 +8,7 @@ use super::driver::{
     BACKEND, again_if_broken, corrupt, int, millis_arg, redis_error, time_arg, time_bound,
     token_arg,
 };
+use super::native;
 use super::record::{SCHEMA_VERSION, decode_record, in_blob, layout};
 use super::store::RedisStore;
 use idem_core::key::IdempotencyKey;
@@ -117,6 +118,36 @@ pub(super) fn decide_without_writing(
 }
 
 impl RedisStore {
+    /// Sends `write`, a native compare-and-set (`SET … IFEQ` or `DELIFEQ`), with the `PUBLISH`
+    /// of its announcement in the same pipeline when it has one (`channel` not empty), and says
+    /// whether it applied. One that did not is handed to the script by the caller, which tells
+    /// why; a notice sent for it wakes the waiting callers to read the record as it is.
+    async fn compare_and_set(
+        &self,
+        op: &str,
+        write: redis::Cmd,
+        channel: &str,
+        notice: &str,
+    ) -> Result<bool, StoreError> {
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(write);
+        if !channel.is_empty() {
+            pipeline.cmd("PUBLISH").arg(channel).arg(notice).ignore();
+        }
+        let pipeline = &pipeline;
+        let (answer,): (Value,) = again_if_broken(op, || {
+            let mut conn = self.conn.clone();
+            async move { pipeline.query_async(&mut conn).await }
+        })
+        .await?;
+        Ok(match answer {
+            Value::Okay => true,
+            Value::Int(deleted) => deleted == 1,
+            Value::Nil => false,
+            _ => return Err(corrupt(op, "the server answered something unexpected")),
+        })
+    }
+
     /// The claim a script's answer for one key says; a replay goes into the replay cache.
     fn decode_claim(
         &self,
@@ -170,10 +201,11 @@ impl Store for RedisStore {
 
     fn claim<'a>(&'a self, req: ClaimRequest<'a>) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
-            let claim: Result<Claim, StoreError> = async {
+            // The claim, and the record it wrote when it wrote a new key's whole.
+            let claim: Result<(Claim, Option<Vec<u8>>), StoreError> = async {
                 const OP: &str = "claim";
                 if let Some(answer) = self.replays.get(&req) {
-                    return Ok(answer);
+                    return Ok((answer, None));
                 }
                 tool_fits(req.tool)?;
                 let token = FencingToken::generate();
@@ -196,10 +228,11 @@ impl Store for RedisStore {
                     })
                     .await?;
                     let Some(found) = found else {
-                        return Ok(Claim::Acquired {
+                        let claim = Claim::Acquired {
                             token,
                             takeover: false,
-                        });
+                        };
+                        return Ok((claim, Some(new)));
                     };
                     // A result in a blob is read by the script, with its record.
                     if !in_blob(&found) {
@@ -209,7 +242,8 @@ impl Store for RedisStore {
                             if let Claim::Completed { result } = &answer {
                                 self.replays.put(&req, result, expires_at);
                             }
-                            return Ok(answer);
+                            // A second delivery of this claim: the script wrote the record.
+                            return Ok((answer, None));
                         }
                     }
                 }
@@ -230,14 +264,19 @@ impl Store for RedisStore {
                         ],
                     )
                     .await?;
-                self.decode_claim(&answer, token, &req)
+                let claim = self.decode_claim(&answer, token, &req)?;
+                Ok((claim, Some(new)))
             }
             .await;
-            let claim = claim?;
-            if let Claim::Acquired { token, .. } = claim {
+            let (claim, new) = claim?;
+            if let Claim::Acquired { token, takeover } = claim {
                 // The body may run: first the replicas the options ask for must hold the claim.
                 self.replicated("claim", req.tenant, &req.key, token, false)
                     .await?;
+                // A new key's record, as written: its settlement may compare and set natively.
+                if let Some(new) = new.filter(|_| self.fencing.set && !takeover) {
+                    self.written.keep(req.key, token, new, req.now);
+                }
             }
             Ok(claim)
         })
@@ -252,8 +291,27 @@ impl Store for RedisStore {
             let hash = blob::stored_apart(c.status, c.result, self.blob_threshold)
                 .map(|h| h.to_hex())
                 .unwrap_or_default();
-            let applied: i64 = self
-                .invoke(
+            let held = self.written.take(c.key, c.token);
+            let native = match held.filter(|_| hash.is_empty()) {
+                Some(held) => {
+                    let done =
+                        native::completed(&held, status_arg(c.status), &expires_at, c.result);
+                    let mut set = redis::cmd("SET");
+                    set.arg(self.record_key(c.tenant, &c.key))
+                        .arg(done)
+                        .arg("IFEQ")
+                        .arg(held)
+                        .arg("PX")
+                        .arg(&ttl);
+                    self.compare_and_set("complete", set, channel, &notice)
+                        .await?
+                }
+                None => false,
+            };
+            let applied: i64 = if native {
+                1
+            } else {
+                self.invoke(
                     "complete",
                     &self.scripts.complete,
                     &[&self.record_key(c.tenant, &c.key)],
@@ -268,7 +326,8 @@ impl Store for RedisStore {
                         hash.as_bytes(),
                     ],
                 )
-                .await?;
+                .await?
+            };
             if applied != 1 {
                 return Ok(Fenced::Lost);
             }
@@ -337,6 +396,9 @@ impl Store for RedisStore {
             let expires_at = time_arg(after(batch.now, batch.ttl));
             let ttl = millis_arg(batch.ttl);
             let tokens: Vec<String> = batch.items.iter().map(|i| token_arg(i.token)).collect();
+            for item in batch.items {
+                self.written.forget(item.key, item.token);
+            }
             let hashes: Vec<String> = batch
                 .items
                 .iter()
@@ -388,6 +450,9 @@ impl Store for RedisStore {
             let lease_expires_at = time_arg(after(batch.now, batch.lease));
             let lease = millis_arg(batch.lease);
             let tokens: Vec<String> = batch.items.iter().map(|i| token_arg(i.token)).collect();
+            for item in batch.items {
+                self.written.forget(item.key, item.token);
+            }
             let mut args: Vec<&[u8]> = vec![lease_expires_at.as_bytes(), lease.as_bytes()];
             args.extend(tokens.iter().map(|t| t.as_bytes()));
             let keys = batch.items.iter().map(|item| &item.key);
@@ -412,6 +477,24 @@ impl Store for RedisStore {
             let token = token_arg(r.token);
             let lease_expires_at = time_arg(after(r.now, r.lease));
             let lease = millis_arg(r.lease);
+            // Natively when the record outlives the new lease (else the script lengthens its
+            // life); whatever the script does, the value it leaves is not known here.
+            let held = self.written.take(r.key, r.token);
+            if let Some((held, new)) = held.and_then(|held| {
+                let new = native::renewed(&held, &lease_expires_at)?;
+                Some((held, new))
+            }) {
+                let mut set = redis::cmd("SET");
+                set.arg(self.record_key(r.tenant, &r.key))
+                    .arg(&new)
+                    .arg("IFEQ")
+                    .arg(held)
+                    .arg("KEEPTTL");
+                if self.compare_and_set("renew", set, "", "").await? {
+                    self.written.keep(r.key, r.token, new, r.now);
+                    return Ok(Fenced::Applied);
+                }
+            }
             let renewed: i64 = self
                 .invoke(
                     "renew",
@@ -436,6 +519,8 @@ impl Store for RedisStore {
     fn append_chunks<'a>(&'a self, a: ChunkAppend<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
             const OP: &str = "append_chunks";
+            // A call with chunks settles by script, which keeps them and their blobs.
+            self.written.forget(a.key, a.token);
             let token = token_arg(a.token);
             let first = a.first.to_string();
             let record = self.record_key(a.tenant, &a.key);
@@ -502,8 +587,20 @@ impl Store for RedisStore {
         token: FencingToken,
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let token = token_arg(token);
             let (channel, notice) = self.announcement(&key, true);
+            let held = self.written.take(key, token);
+            if let Some(held) = held.filter(|_| self.fencing.delete) {
+                let mut delete = redis::cmd("DELIFEQ");
+                delete.arg(self.record_key(tenant, &key)).arg(held);
+                if self
+                    .compare_and_set("release", delete, channel, &notice)
+                    .await?
+                {
+                    self.notices.settled(&key);
+                    return Ok(Fenced::Applied);
+                }
+            }
+            let token = token_arg(token);
             let deleted: i64 = self
                 .invoke(
                     "release",
@@ -614,6 +711,7 @@ impl Store for RedisStore {
                 expected_schema_version: SCHEMA_VERSION,
                 durable,
                 detail,
+                fencing: Some(self.fencing.describe()),
             })
         })
     }

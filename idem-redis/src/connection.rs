@@ -261,6 +261,7 @@ fn names_a_key(cmd: &Cmd) -> bool {
         &b"GET"[..],
         b"SET",
         b"DEL",
+        b"DELIFEQ",
         b"HGET",
         b"HSET",
         b"EVALSHA",

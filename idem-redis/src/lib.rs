@@ -9,8 +9,15 @@
 //!   (an expired record, a lapsed lease, an orphan to mark `unknown`) and every claim on a server
 //!   before 7.0 is a Lua script, which Redis runs atomically: the decision table of [`decide`](idem_core::store::decide)
 //!   (after the plain command, that is a second round trip, taken only by orphans and records
-//!   the caller's clock holds expired). The completion, the renewal of a lease and the release
-//!   are scripts too (a token check, then the write).
+//!   the caller's clock holds expired).
+//! - **Fenced writes at the server's own speed where it can.** On a server that compares and
+//!   sets natively (`SET … IFEQ`: Valkey 8.1 and later, Redis 8.4 and later; `DELIFEQ`: Valkey
+//!   9), the completion, the renewal of a lease and the release of a new key's claim are that one
+//!   command, comparing the whole record with the value the claim wrote (its token among it);
+//!   elsewhere, and for a claim taken over, a batch, a stream or a result kept as a blob, they
+//!   are scripts (a token check, then the write). A probe at open chooses (never the server's
+//!   name: Valkey reports `redis_version:7.2.4`); `fencing=script` keeps the scripts; the health
+//!   check and `idem doctor` say which is used (see `native.rs`).
 //! - **Records expire on their own.** Each record is one string (see the layout below) with a
 //!   Redis expiry equal to its TTL (from the claim, then from the completion); nothing needs
 //!   purging.
@@ -67,8 +74,8 @@
 //! 5000), `replay_cache` (KiB, default 1024, 0 turns it off), `blob_threshold` (bytes, default
 //! 65536, or `off`: results longer are kept once per tenant, at `PREFIX:{TENANT}:blob:SHA256`,
 //! each living as long as the longest-lived record that names it) and the others [`RedisOptions`]
-//! lists (replicas to wait for, TLS files); `rediss://` for TLS, `redis+cluster://` for a
-//! cluster.
+//! lists (replicas to wait for, the fencing, TLS files); `rediss://` for TLS,
+//! `redis+cluster://` for a cluster.
 
 use redis::AsyncConnectionConfig;
 use redis::aio::ConnectionManager;
@@ -83,6 +90,7 @@ mod admin;
 mod claim;
 mod connection;
 mod driver;
+mod native;
 mod notices;
 mod options;
 mod record;
@@ -222,26 +230,20 @@ impl RedisStore {
             .query_async(&mut conn.clone())
             .await
             .ok();
+        let fencing = if options.script_fencing {
+            native::Fencing::default()
+        } else {
+            native::probe(&conn, &options.prefix).await
+        };
         let store = RedisStore {
             conn,
             prefix: options.prefix.as_str().into(),
-            scripts: std::sync::Arc::new(Scripts {
-                claim: Script::new(CLAIM),
-                claim_batch: Script::new(CLAIM_BATCH),
-                complete: Script::new(COMPLETE),
-                settle_batch: Script::new(SETTLE_BATCH),
-                renew: Script::new(RENEW),
-                renew_batch: Script::new(RENEW_BATCH),
-                release: Script::new(RELEASE),
-                resolve: Script::new(RESOLVE),
-                append_chunks: Script::new(APPEND_CHUNKS),
-                read_chunks: Script::new(READ_CHUNKS),
-                lookup: Script::new(LOOKUP),
-                delete: Script::new(DELETE),
-            }),
+            scripts: std::sync::Arc::new(scripts()),
             replays: std::sync::Arc::new(ReplayCache::new(options.replay_cache)),
             blob_threshold: options.blob_threshold,
             set_nx_get: server.as_deref().is_some_and(takes_set_nx_get),
+            fencing,
+            written: std::sync::Arc::default(),
             wait: Wait {
                 replicas: options.wait_replicas,
                 timeout: options.wait_timeout,
@@ -394,6 +396,24 @@ impl RedisStore {
             async move { invocation.invoke_async(&mut conn).await }
         })
         .await
+    }
+}
+
+/// The store's scripts, loaded by the server at their first use.
+fn scripts() -> Scripts {
+    Scripts {
+        claim: Script::new(CLAIM),
+        claim_batch: Script::new(CLAIM_BATCH),
+        complete: Script::new(COMPLETE),
+        settle_batch: Script::new(SETTLE_BATCH),
+        renew: Script::new(RENEW),
+        renew_batch: Script::new(RENEW_BATCH),
+        release: Script::new(RELEASE),
+        resolve: Script::new(RESOLVE),
+        append_chunks: Script::new(APPEND_CHUNKS),
+        read_chunks: Script::new(READ_CHUNKS),
+        lookup: Script::new(LOOKUP),
+        delete: Script::new(DELETE),
     }
 }
 
@@ -687,6 +707,250 @@ mod tests {
                 })
             }
             idem_core::store_conformance_tests!(maybe: store());
+        }
+    }
+
+    /// The contract on a Valkey 9 server (`IDEM_TEST_VALKEY_URL`), which compares and sets on
+    /// its own: the native path, and the scripts on the same server (`fencing=script`).
+    mod valkey {
+        use idem_core::store::{
+            Claim, ClaimRequest, Completion, Fenced, RecordStatus, Renewal, Store,
+        };
+
+        async fn store_with(options: &str) -> Option<super::RedisStore> {
+            let url = idem_core::store::conformance::test_server_url("IDEM_TEST_VALKEY_URL")?;
+            let url = format!("{url}?{options}");
+            Some(
+                super::RedisStore::open_url(&url)
+                    .await
+                    .expect("IDEM_TEST_VALKEY_URL names a reachable server"),
+            )
+        }
+
+        async fn store() -> Option<super::RedisStore> {
+            let store = store_with("prefix=idem-valkey").await?;
+            assert_eq!(
+                store.fencing,
+                super::native::Fencing {
+                    set: true,
+                    delete: true
+                },
+                "a Valkey 9 server compares and sets on its own"
+            );
+            Some(store)
+        }
+        idem_core::store_conformance_tests!(maybe: store());
+        idem_core::admin_conformance_tests!(maybe: store());
+
+        mod scripts {
+            async fn store() -> Option<super::super::RedisStore> {
+                let store = super::store_with("prefix=idem-valkey-lua&fencing=script").await?;
+                assert_eq!(store.fencing, super::super::native::Fencing::default());
+                Some(store)
+            }
+            idem_core::store_conformance_tests!(maybe: store());
+        }
+
+        /// A server with `SET … IFEQ` but without `DELIFEQ` (Valkey 8.1, Redis 8.4, whose
+        /// `DELEX` idem does not send): native completions and renewals, scripted releases.
+        mod set_only {
+            async fn store() -> Option<super::super::RedisStore> {
+                let store = super::store_with("prefix=idem-valkey-set").await?;
+                Some(super::super::RedisStore {
+                    fencing: super::super::native::Fencing {
+                        set: true,
+                        delete: false,
+                    },
+                    ..store
+                })
+            }
+            idem_core::store_conformance_tests!(maybe: store());
+        }
+
+        /// A claim of a new key on `store`, for `tenant`.
+        async fn claimed(
+            store: &super::RedisStore,
+            tenant: &str,
+            n: u32,
+        ) -> (
+            idem_core::key::IdempotencyKey,
+            idem_core::store::FencingToken,
+        ) {
+            use idem_core::clock::Clock as _;
+            let key = idem_core::key::derive_key(
+                tenant,
+                "tool",
+                &[idem_core::key::KeyPart::new(&n).unwrap()],
+            );
+            let claim = store
+                .claim(ClaimRequest {
+                    tenant,
+                    key,
+                    tool: "tool",
+                    fingerprint: idem_core::Fingerprint::from_bytes([7; 32]),
+                    now: idem_core::clock::SystemClock.now(),
+                    lease: std::time::Duration::from_secs(30),
+                    ttl: std::time::Duration::from_secs(60),
+                    orphans: idem_core::store::Orphans::TakeOver,
+                })
+                .await
+                .expect("claim");
+            let Claim::Acquired {
+                token,
+                takeover: false,
+            } = claim
+            else {
+                panic!("a new key is acquired: {claim:?}");
+            };
+            (key, token)
+        }
+
+        fn completion<'a>(
+            tenant: &'a str,
+            key: idem_core::key::IdempotencyKey,
+            token: idem_core::store::FencingToken,
+        ) -> Completion<'a> {
+            use idem_core::clock::Clock as _;
+            Completion {
+                tenant,
+                key,
+                token,
+                status: RecordStatus::Completed,
+                result: b"{\"ok\":1}",
+                now: idem_core::clock::SystemClock.now(),
+                ttl: std::time::Duration::from_secs(60),
+                notify: true,
+            }
+        }
+
+        /// The completion, the renewal and the release of a new key's claim send no script:
+        /// here every settlement script fails, and they still apply.
+        #[tokio::test]
+        async fn a_new_keys_settlements_are_the_servers_own_compare_and_set() {
+            use idem_core::clock::Clock as _;
+            let Some(store) = store().await else { return };
+            let scripts = super::Scripts {
+                complete: redis::Script::new("return redis.error_reply('a script ran')"),
+                renew: redis::Script::new("return redis.error_reply('a script ran')"),
+                release: redis::Script::new("return redis.error_reply('a script ran')"),
+                ..super::scripts()
+            };
+            let store = super::RedisStore {
+                scripts: std::sync::Arc::new(scripts),
+                ..store
+            };
+            let tenant = format!("native-{}", uuid::Uuid::new_v4().simple());
+            let (key, token) = claimed(&store, &tenant, 1).await;
+            let renewal = Renewal {
+                tenant: &tenant,
+                key,
+                token,
+                now: idem_core::clock::SystemClock.now(),
+                lease: std::time::Duration::from_secs(40),
+            };
+            assert_eq!(store.renew(renewal).await.expect("renew"), Fenced::Applied);
+            assert_eq!(
+                store.renew(renewal).await.expect("renew again"),
+                Fenced::Applied
+            );
+            let done = store
+                .complete(completion(&tenant, key, token))
+                .await
+                .expect("complete");
+            assert_eq!(done, Fenced::Applied);
+            let record = store
+                .lookup(&tenant, key)
+                .await
+                .expect("lookup")
+                .expect("a record");
+            assert_eq!(record.status, RecordStatus::Completed);
+            assert_eq!(record.result.as_deref(), Some(&b"{\"ok\":1}"[..]));
+            assert!(
+                record.lease_expires_at >= renewal.now + 40_000,
+                "the renewed lease"
+            );
+
+            let (key, token) = claimed(&store, &tenant, 2).await;
+            assert_eq!(
+                store.release(&tenant, key, token).await.expect("release"),
+                Fenced::Applied
+            );
+            assert_eq!(store.lookup(&tenant, key).await.expect("lookup"), None);
+            assert_eq!(store.written.len(), 0, "nothing kept past the settlements");
+        }
+
+        /// A native write that finds another value than the one its claim wrote (here another
+        /// process renewed the lease by script) hands over to the script, which applies it;
+        /// and a token that lost the key loses natively and by script alike.
+        #[tokio::test]
+        async fn a_native_write_that_finds_another_value_is_decided_by_the_script() {
+            use idem_core::clock::Clock as _;
+            let (Some(here), Some(there)) = (store().await, store().await) else {
+                return;
+            };
+            let tenant = format!("native-{}", uuid::Uuid::new_v4().simple());
+            let (key, token) = claimed(&here, &tenant, 1).await;
+            let renewal = Renewal {
+                tenant: &tenant,
+                key,
+                token,
+                now: idem_core::clock::SystemClock.now(),
+                lease: std::time::Duration::from_secs(45),
+            };
+            assert_eq!(
+                there.renew(renewal).await.expect("renew elsewhere"),
+                Fenced::Applied
+            );
+            let done = here
+                .complete(completion(&tenant, key, token))
+                .await
+                .expect("complete");
+            assert_eq!(done, Fenced::Applied);
+            let record = here
+                .lookup(&tenant, key)
+                .await
+                .expect("lookup")
+                .expect("a record");
+            assert_eq!(record.status, RecordStatus::Completed);
+
+            let (key, token) = claimed(&here, &tenant, 2).await;
+            let deleted = idem_core::store::admin::AdminStore::delete(&there, &tenant, key);
+            assert_eq!(deleted.await.expect("delete"), Fenced::Applied);
+            let lost = here
+                .complete(completion(&tenant, key, token))
+                .await
+                .expect("complete");
+            assert_eq!(lost, Fenced::Lost);
+            let (key, token) = claimed(&here, &tenant, 3).await;
+            let deleted = idem_core::store::admin::AdminStore::delete(&there, &tenant, key);
+            assert_eq!(deleted.await.expect("delete"), Fenced::Applied);
+            assert_eq!(
+                here.release(&tenant, key, token).await.expect("release"),
+                Fenced::Lost
+            );
+        }
+
+        /// The health check says which fencing the store uses.
+        #[tokio::test]
+        async fn the_health_check_names_the_fencing() {
+            let (Some(native), Some(scripts)) = (store().await, store_with("fencing=script").await)
+            else {
+                return;
+            };
+            let native = native
+                .health()
+                .await
+                .expect("health")
+                .fencing
+                .expect("said");
+            assert!(native.contains("SET … IFEQ, DELIFEQ"), "{native}");
+            let scripts = scripts
+                .health()
+                .await
+                .expect("health")
+                .fencing
+                .expect("said");
+            assert!(scripts.starts_with("Lua scripts"), "{scripts}");
         }
     }
 

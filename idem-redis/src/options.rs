@@ -7,7 +7,8 @@
 //! | `redis+cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT…]` | a Redis Cluster, from one or more of its nodes (the client finds the rest) |
 //! | `rediss+cluster://…` | a Redis Cluster over TLS |
 //!
-//! Options: `prefix`, `timeout_ms`, `replay_cache`, `blob_threshold`, `wait_replicas` and `wait_timeout_ms` (see
+//! Options: `prefix`, `timeout_ms`, `replay_cache`, `blob_threshold`, `wait_replicas`,
+//! `wait_timeout_ms` and `fencing` (see
 //! [`RedisOptions`]), `tls_ca`, `tls_cert` and `tls_key` (PEM files: the trusted roots instead of
 //! the system's, and a client certificate), and redis-rs's own `protocol`.
 
@@ -38,6 +39,11 @@ pub struct RedisOptions {
     pub wait_replicas: u32,
     /// How long a claim waits for `wait_replicas` acknowledgements.
     pub wait_timeout: Duration,
+    /// Fence completions, renewals and releases with Lua scripts even on a server that
+    /// compares and sets on its own (`fencing=script`; the default, `fencing=auto`, uses the
+    /// server's `SET … IFEQ` and `DELIFEQ` where a probe at open finds them): to compare the
+    /// two, or for a cluster whose nodes run different servers.
+    pub script_fencing: bool,
     /// TLS files: trusted roots (PEM) instead of the system's store.
     pub tls_ca: Option<PathBuf>,
     /// TLS files: a client certificate and its key (PEM).
@@ -83,6 +89,7 @@ impl RedisOptions {
             blob_threshold: blob::DEFAULT_THRESHOLD,
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(100),
+            script_fencing: false,
             tls_ca: None,
             tls_client: None,
         };
@@ -120,6 +127,18 @@ impl RedisOptions {
                     })?;
                 }
                 "wait_timeout_ms" => options.wait_timeout = Duration::from_millis(millis()?),
+                "fencing" => {
+                    options.script_fencing = match value {
+                        "auto" => false,
+                        "script" => true,
+                        _ => {
+                            return Err(format!(
+                                "`fencing` is `auto` (the server's compare-and-set where it has \
+                                 one) or `script` (Lua scripts always), not `{value}`"
+                            ));
+                        }
+                    }
+                }
                 "tls_ca" => options.tls_ca = Some(path(name, value)?),
                 "tls_cert" => tls_cert = Some(path(name, value)?),
                 "tls_key" => tls_key = Some(path(name, value)?),
@@ -127,8 +146,8 @@ impl RedisOptions {
                 _ => {
                     return Err(format!(
                         "unknown option `{name}`; known: `prefix`, `timeout_ms`, `replay_cache`, \
-                         `blob_threshold`, `wait_replicas`, `wait_timeout_ms`, `tls_ca`, `tls_cert`, `tls_key`, \
-                         `protocol`"
+                         `blob_threshold`, `wait_replicas`, `wait_timeout_ms`, `fencing`, `tls_ca`, \
+                         `tls_cert`, `tls_key`, `protocol`"
                     ));
                 }
             }
@@ -224,6 +243,16 @@ mod tests {
         assert!(RedisOptions::from_url("redis://h/0?tls_ca=/ca.pem").is_err());
         assert!(RedisOptions::from_url("rediss://h/0?tls_cert=/c.pem").is_err());
         assert!(RedisOptions::from_url("http://h/0").is_err());
+        assert!(!o.script_fencing);
+        let o = RedisOptions::from_url("redis://h/0?fencing=script").unwrap();
+        assert!(o.script_fencing);
+        assert!(
+            !RedisOptions::from_url("redis://h/0?fencing=auto")
+                .unwrap()
+                .script_fencing
+        );
+        let refused = RedisOptions::from_url("redis://h/0?fencing=lua").unwrap_err();
+        assert!(refused.contains("`fencing` is `auto`"), "{refused}");
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub struct RedisStore {
     /// Whether the server takes `SET … NX GET` (Redis 7.0 and later): then a claim tries the
     /// plain command first (see the module docs).
     pub(crate) set_nx_get: bool,
+    /// What the server compares and sets on its own (see `native.rs`), probed at open.
+    pub(crate) fencing: crate::native::Fencing,
+    /// The values of the records this store's claims wrote, for the native fenced writes.
+    pub(crate) written: std::sync::Arc<crate::native::Written>,
     pub(crate) wait: Wait,
     /// Whether the connection is encrypted, when the store made it.
     pub(crate) encrypted: Option<bool>,

@@ -434,6 +434,7 @@ impl Store for SqliteStore {
                     .map_err(|e| sql_error("reading synchronous", e))?;
                 Ok(StoreHealth {
                     encrypted: None,
+                    fencing: None,
                     backend: BACKEND,
                     schema_version: u32::try_from(version).unwrap_or(0),
                     expected_schema_version: SCHEMA_VERSION,

@@ -8,7 +8,10 @@
 //! - `fresh`: a new intent (claim, body, completion; two durable commits), vs a hand-written
 //!   INSERT `in_flight` (with the arguments' fingerprint) + UPDATE `completed` with the same
 //!   durability (WAL, synchronous=FULL).
-//! - `fresh_concurrent`: fresh calls/s with 1, 8 and 64 callers (group commit at work).
+//! - `fresh_concurrent`: fresh calls/s with 1, 8 and 64 callers (group commit at work), and
+//!   the ceiling of group commit: a raw rusqlite loop committing 64 calls' claims in one
+//!   transaction and their completions in another (`raw_group_commit/64`), also timed in
+//!   alternation with idem's 64 callers.
 //! - `renewal`: calls whose body waits once (so the lease renewal arms its timer), with renewal
 //!   on and off: fresh calls on SQLite, and calls whose error releases the key on the memory
 //!   store (nothing else to measure): what renewal costs a call shorter than its lease.
@@ -444,6 +447,103 @@ fn fresh_concurrent(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime)
     );
 }
 
+/// Calls a perfect group commit shares: the concurrent callers of the ceiling below.
+const GROUP: u64 = 64;
+
+/// The ceiling of group commit: a hand-written store that batches its callers perfectly, the
+/// claims of [`GROUP`] calls in one durable transaction and their completions in another (the
+/// same rows as idem's: INSERT `in_flight`, then UPDATE `completed`, so two commits in each
+/// call's life), on one connection, with no waiting between them.
+fn raw_group_commit(conn: &Connection, first: u64) {
+    conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
+    for n in first..first + GROUP {
+        let key = raw_key("tenant-a", n);
+        conn.prepare_cached(
+            "INSERT INTO raw VALUES ('tenant-a', ?1, ?2, 'in_flight', ?3, 30000, 0, ?4, NULL)",
+        )
+        .expect("prepare")
+        .execute(params![
+            &key[..],
+            &RawArgs::payment("run-1", n).fingerprint()[..],
+            n as i64,
+            86_400_000 + n as i64
+        ])
+        .expect("insert");
+    }
+    conn.execute_batch("COMMIT; BEGIN IMMEDIATE")
+        .expect("commit");
+    for n in first..first + GROUP {
+        let key = raw_key("tenant-a", n);
+        conn.prepare_cached(
+            "UPDATE raw SET status = 'completed', result = ?3, expires_at = ?5 \
+             WHERE tenant = ?1 AND key = ?2 AND token = ?4",
+        )
+        .expect("prepare")
+        .execute(params![
+            "tenant-a",
+            &key[..],
+            payment_json(n),
+            n as i64,
+            86_400_000 + n as i64
+        ])
+        .expect("update");
+    }
+    conn.execute_batch("COMMIT").expect("commit");
+}
+
+/// idem's fresh calls with [`GROUP`] callers against the group-commit ceiling
+/// ([`raw_group_commit`]): criterion's rate of the ceiling, and the two timed in alternation,
+/// blocks of 640 calls a side.
+fn group_commit(
+    c: &mut Criterion,
+    dir: &Path,
+    rt: &tokio::runtime::Runtime,
+    alternated: &mut Vec<(&'static str, Spread)>,
+) {
+    let conn = raw_connection(&dir.join("group-raw.db"));
+    let next = std::sync::Arc::new(AtomicU64::new(1 << 40));
+    let mut group = c.benchmark_group("fresh_concurrent");
+    group.throughput(Throughput::Elements(GROUP));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(8));
+    group.bench_function(BenchmarkId::new("raw_group_commit", GROUP), |b| {
+        b.iter(|| raw_group_commit(&conn, next.fetch_add(GROUP, Ordering::Relaxed)))
+    });
+    group.finish();
+    if !wanted("fresh_concurrent") {
+        return;
+    }
+    let idem = rt
+        .block_on(Idem::open(&format!(
+            "sqlite://{}",
+            dir.join("group.db").display()
+        )))
+        .expect("open");
+    let tenant = idem.scope("tenant-a");
+    let call = move |step| {
+        let tenant = tenant.clone();
+        async move {
+            let call = register_payment("run-3".into(), step, "cus_42".into(), 500);
+            assert!(tenant.run(call).await.expect("call").is_fresh());
+        }
+    };
+    let ceiling = |calls: u64| {
+        let start = std::time::Instant::now();
+        for _ in 0..calls / GROUP {
+            raw_group_commit(&conn, next.fetch_add(GROUP, Ordering::Relaxed));
+        }
+        std::future::ready(start.elapsed())
+    };
+    let spread = support::alternating_blocks(
+        rt,
+        21,
+        640,
+        |calls| support::among_callers(&call, GROUP, calls, &next),
+        ceiling,
+    );
+    alternated.push(("64 callers vs the raw group-commit ceiling", spread));
+}
+
 fn summary() {
     println!("\nidem on SQLite: calls/s (median), and the ratio to the baseline in this run");
     row(
@@ -519,6 +619,12 @@ fn summary() {
             target,
         );
     }
+    row(
+        "fresh, 64 callers vs the raw group-commit ceiling",
+        median_ns("fresh_concurrent", "idem/64"),
+        median_ns("fresh_concurrent", "raw_group_commit/64").map(|ns| ns / GROUP as f64),
+        0.8,
+    );
 }
 
 fn main() {
@@ -532,6 +638,7 @@ fn main() {
     replay_working_set(&mut c, &dir, &rt, &mut alternated);
     fresh(&mut c, &dir, &rt, &mut alternated);
     fresh_concurrent(&mut c, &dir, &rt);
+    group_commit(&mut c, &dir, &rt, &mut alternated);
     renewal(&mut c, &dir, &rt);
     c.final_summary();
     summary();

@@ -14,6 +14,11 @@
 //!   result was not recorded): a completion that meets the failover is tried again until the
 //!   new primary takes it. Every figure is printed.
 //!
+//! The same on a Valkey 9 cluster (`valkey-server` from `IDEM_TEST_VALKEY_SERVER`, which
+//! `.ci/run` installs), where completions, renewals and releases are the server's own
+//! compare-and-set (`SET … IFEQ`, `DELIFEQ`) instead of scripts: the conformance suite, the race,
+//! and the failovers with a replica acknowledging each claim.
+//!
 //! Needs `redis-server` and `redis-cli`; runs when `IDEM_TEST_REDIS_URL` says Redis is installed.
 
 #[path = "common/race.rs"]
@@ -40,6 +45,41 @@ fn shared_cluster() -> Option<&'static PrivateCluster> {
     static CLUSTER: OnceLock<PrivateCluster> = OnceLock::new();
     test_server_url("IDEM_TEST_REDIS_URL")?;
     Some(CLUSTER.get_or_init(|| PrivateCluster::start(3)))
+}
+
+/// The program of a Valkey 9 server (`IDEM_TEST_VALKEY_SERVER`).
+fn valkey() -> Option<String> {
+    test_server_url("IDEM_TEST_VALKEY_SERVER")
+}
+
+/// A Valkey cluster for the conformance checks and the plain race.
+fn valkey_cluster() -> Option<&'static PrivateCluster> {
+    static CLUSTER: OnceLock<PrivateCluster> = OnceLock::new();
+    let program = valkey()?;
+    Some(CLUSTER.get_or_init(|| PrivateCluster::start_with(&program, 3)))
+}
+
+/// The contract on a Valkey cluster, by the server's own compare-and-set.
+mod valkey_conformance {
+    async fn store() -> Option<super::RedisStore> {
+        let url = format!("{}/?prefix=conformance", super::valkey_cluster()?.url());
+        let store = super::RedisStore::open_url(&url)
+            .await
+            .expect("the store opens on the cluster");
+        let health = idem::store::Store::health(&store).await.expect("health");
+        let fencing = health.fencing.expect("the Redis store names its fencing");
+        assert!(fencing.contains("IFEQ, DELIFEQ"), "{fencing}");
+        Some(store)
+    }
+    idem::store_conformance_tests!(maybe: store());
+    idem::admin_conformance_tests!(maybe: store());
+}
+
+#[test]
+fn processes_racing_on_a_valkey_cluster_run_every_effect_once() {
+    if let Some(cluster) = valkey_cluster() {
+        race::race_once(format!("{}/?prefix=race", cluster.url()));
+    }
 }
 
 mod conformance {
@@ -124,8 +164,8 @@ const FAILOVERS: usize = 4;
 /// Races the workers for 24 s on a fresh cluster (replay cache off, so every call meets the
 /// store) and fails the primary of the run's tenant over [`FAILOVERS`] times, waiting each time
 /// for its replica to take over and bringing the old primary back as a replica.
-fn race_through_failovers(options: &str) -> Failovers {
-    let cluster = PrivateCluster::start(3);
+fn race_through_failovers(program: &str, options: &str) -> Failovers {
+    let cluster = PrivateCluster::start_with(program, 3);
     let dir = tempfile::tempdir().unwrap();
     let url = format!("{}/?replay_cache=0{options}", cluster.url());
     let mut run = race::Race::new(url, dir.path());
@@ -182,15 +222,15 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// How many failover races to run (each on a fresh cluster, four failovers each):
 /// `IDEM_FAILOVER_ROUNDS`, 1 unless set (the figures in the README come from longer runs).
-fn rounds(options: &str) -> Vec<Failovers> {
+fn rounds(program: &str, options: &str) -> Vec<Failovers> {
     let rounds: usize = std::env::var("IDEM_FAILOVER_ROUNDS")
         .ok()
         .map_or(1, |n| n.parse().unwrap());
     (0..rounds)
         .map(|round| {
-            let figures = race_through_failovers(options);
+            let figures = race_through_failovers(program, options);
             println!(
-                "failover round {round} (options `{options}`, {FAILOVERS} failovers): {} calls, \
+                "failover round {round} ({program}, options `{options}`, {FAILOVERS} failovers): {} calls, \
                  {} fresh, {} failed closed, {} escalations (ran but could not record); {} \
                  intents ran twice ({} extra effects)",
                 figures.calls,
@@ -213,7 +253,7 @@ fn failovers_without_waiting_for_replicas_run_some_intents_twice() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let runs = rounds("");
+    let runs = rounds("redis-server", "");
     let duplicated: usize = runs.iter().map(|f| f.duplicated_intents).sum();
     assert!(
         duplicated > 0,
@@ -227,7 +267,22 @@ fn failovers_with_a_replica_acknowledging_each_claim_run_nothing_twice() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let runs = rounds("&wait_replicas=1&wait_timeout_ms=500");
+    let runs = rounds("redis-server", "&wait_replicas=1&wait_timeout_ms=500");
+    for figures in &runs {
+        assert_eq!(figures.duplicated_intents, 0, "{figures:?}");
+        assert_eq!(figures.unrecorded, 0, "no escalation: {figures:?}");
+    }
+}
+
+/// The same on Valkey, whose completions are the server's compare-and-set, each followed by
+/// `WAIT` and the record read back as the scripts' are.
+#[test]
+fn failovers_on_valkey_with_a_replica_acknowledging_each_claim_run_nothing_twice() {
+    let Some(program) = valkey() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runs = rounds(&program, "&wait_replicas=1&wait_timeout_ms=500");
     for figures in &runs {
         assert_eq!(figures.duplicated_intents, 0, "{figures:?}");
         assert_eq!(figures.unrecorded, 0, "no escalation: {figures:?}");

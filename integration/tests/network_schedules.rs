@@ -127,6 +127,22 @@ const REDIS: Backend = Backend {
     call_bound: Duration::from_millis(2 * 2 * (250 + 250) + 2000 + 500),
 };
 
+/// Valkey 9 (`IDEM_TEST_VALKEY_URL`): Redis's bounds; its completions, renewals and releases
+/// are the server's own compare-and-set (`SET … IFEQ`, `DELIFEQ`), each a second delivery of
+/// which the scripts must tell from a lost token.
+const VALKEY: Backend = Backend {
+    name: "valkey",
+    var: "IDEM_TEST_VALKEY_URL",
+    ..REDIS
+};
+
+/// Valkey with its scripts (`fencing=script`), as on Redis 7.
+const VALKEY_SCRIPTS: Backend = Backend {
+    name: "valkey-scripts",
+    options: "timeout_ms=250&fencing=script",
+    ..VALKEY
+};
+
 /// The longest stretch of `schedule` during which the store cannot be reached in time:
 /// consecutive faults other than none and a latency whose round trip stays within the
 /// store's response timeout.
@@ -413,6 +429,11 @@ async fn every_effect_happens_at_most_once_and_is_accounted_for_on_redis() {
     play_schedules(REDIS, seeds()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_effect_happens_at_most_once_and_is_accounted_for_on_valkey() {
+    play_schedules(VALKEY, seeds()).await;
+}
+
 /// One seed per fault kind whose whole schedule is that fault (found by searching the seeds;
 /// checked below, so a change to the schedules cannot silently rename them).
 const NAMED_SEEDS: [(&str, u64); 6] = [
@@ -456,4 +477,10 @@ async fn each_fault_kind_alone_keeps_the_property_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_fault_kind_alone_keeps_the_property_on_redis() {
     play_schedules(REDIS, NAMED_SEEDS.map(|(_, seed)| seed)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_fault_kind_alone_keeps_the_property_on_valkey_by_native_and_script_fencing() {
+    play_schedules(VALKEY, NAMED_SEEDS.map(|(_, seed)| seed)).await;
+    play_schedules(VALKEY_SCRIPTS, NAMED_SEEDS.map(|(_, seed)| seed)).await;
 }

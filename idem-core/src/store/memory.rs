@@ -480,6 +480,7 @@ impl Store for MemoryStore {
         Box::pin(async move {
             self.with(|_| StoreHealth {
                 encrypted: None,
+                fencing: None,
                 backend: "memory",
                 schema_version: SCHEMA_VERSION,
                 expected_schema_version: SCHEMA_VERSION,

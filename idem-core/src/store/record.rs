@@ -229,6 +229,10 @@ pub struct StoreHealth {
     /// Whether the connections to the store are encrypted (TLS); `None` for a store without a
     /// network connection, or one that cannot tell (a connection handed in by its owner).
     pub encrypted: Option<bool>,
+    /// How a completion, a renewal and a release are fenced against a claim that lost its key,
+    /// where the backend can do it more than one way (Redis: the server's own compare-and-set,
+    /// or Lua scripts); `None` where one transaction or script always does it.
+    pub fencing: Option<String>,
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! idem on the shared stores, next to hand-written baselines on the same server in the same run.
 //!
-//! For each of Postgres (`IDEM_TEST_POSTGRES_URL`) and Redis (`IDEM_TEST_REDIS_URL`):
+//! For each of Postgres (`IDEM_TEST_POSTGRES_URL`), Redis (`IDEM_TEST_REDIS_URL`) and Valkey
+//! (`IDEM_TEST_VALKEY_URL`, where idem fences by the server's own compare-and-set):
 //!
 //! - `replay`: a retried call, with and without the in-process replay cache, vs one raw lookup
 //!   (Postgres: a prepared point SELECT; Redis: GET), the check of the arguments' fingerprint it
@@ -15,7 +16,10 @@
 //!   INSERT on a connection of its own, the completion: three commits);
 //! - the replay with the cache off, the fresh call, and the speed-up from 1 to 8 callers over
 //!   the raw writes' own again, timed in alternation with the baseline
-//!   ([`support::alternating_in`], [`support::scaling`]), written to `alternating-shared.json`.
+//!   ([`support::alternating_in`], [`support::scaling`]), written to `alternating-shared.json`;
+//!   on Redis and Valkey the speed-up over that of raw writes that fence their completion by a
+//!   Lua compare-and-set, and on Valkey idem's 8 callers by the server's compare-and-set over
+//!   the same by scripts (`fencing=script`).
 //!
 //! `cargo bench --bench shared` prints the ratios at the end; a backend whose variable is unset
 //! is skipped with a note.
@@ -206,6 +210,79 @@ fn fresh<R: Raw>(
         let spread = alternating_in(rt, 51, 40, || ours(step()), || theirs(step()));
         alternated.push((format!("{backend}: fresh"), spread));
     }
+}
+
+/// On a Redis-compatible server: idem's speed-up from 1 to 8 callers over that of raw writes
+/// that fence their completion as a server without `SET … IFEQ` must (a Lua compare-and-set).
+fn fenced_scaling(
+    backend: &str,
+    url: &str,
+    raw: &Arc<RawRedis>,
+    rt: &tokio::runtime::Runtime,
+    alternated: &mut Alternated,
+) {
+    if !wanted(&format!("{backend}_fresh_concurrent")) {
+        return;
+    }
+    let idem = rt.block_on(Idem::open(url)).expect("open");
+    let tenant = idem.scope(run_tenant());
+    let ours = move |step| {
+        let tenant = tenant.clone();
+        async move {
+            let call = register_payment("run-3".into(), step, "cus_42".into(), 500);
+            assert!(tenant.run(call).await.expect("call").is_fresh());
+        }
+    };
+    let raw = raw.clone();
+    let fenced = move |n: u64| {
+        let raw = raw.clone();
+        async move { raw.fenced_writes(n + (1 << 39)).await }
+    };
+    let spread = scaling(rt, 31, 96, 8, ours, fenced);
+    alternated.push((
+        format!("{backend}: 8 callers vs 1, over the raw fenced writes' own"),
+        spread,
+    ));
+}
+
+/// On a server with a native compare-and-set: idem's calls/s with 8 callers by it, over the
+/// same by Lua scripts (`fencing=script`), on the same server, in alternation.
+fn native_over_scripts(
+    backend: &str,
+    url: &str,
+    rt: &tokio::runtime::Runtime,
+    alternated: &mut Alternated,
+) {
+    if !wanted(&format!("{backend}_fresh_concurrent")) {
+        return;
+    }
+    let caller = |url: String| {
+        let idem = rt.block_on(Idem::open(&url)).expect("open");
+        let tenant = idem.scope(run_tenant());
+        move |step| {
+            let tenant = tenant.clone();
+            async move {
+                let call = register_payment("run-4".into(), step, "cus_42".into(), 500);
+                assert!(tenant.run(call).await.expect("call").is_fresh());
+            }
+        }
+    };
+    let (native, scripts) = (
+        caller(url.to_owned()),
+        caller(with_option(url, "fencing=script")),
+    );
+    let next = Arc::new(AtomicU64::new(1 << 38));
+    let spread = support::alternating_blocks(
+        rt,
+        31,
+        400,
+        |calls| support::among_callers(&native, 8, calls, &next),
+        |calls| support::among_callers(&scripts, 8, calls, &next),
+    );
+    alternated.push((
+        format!("{backend}: 8 callers, native compare-and-set over Lua scripts"),
+        spread,
+    ));
 }
 
 fn fresh_concurrent<R: Raw>(
@@ -451,22 +528,32 @@ fn main() {
         }
         None => println!("skipped Postgres: set IDEM_TEST_POSTGRES_URL"),
     }
-    match &redis {
-        Some(url) => {
-            // idem's records under a prefix of this run, deleted at the end with the raw keys.
-            let prefix = format!("idem-bench-{}", uuid::Uuid::new_v4().simple());
-            let raw = Arc::new(rt.block_on(RawRedis::connect(url)));
-            let url = &with_option(url, &format!("prefix={prefix}"));
-            replay(&mut c, "redis", url, &raw, &rt, &mut alternated);
-            fresh(&mut c, "redis", url, &raw, &rt, &mut alternated);
-            fresh_concurrent(&mut c, "redis", url, &raw, &rt, &mut alternated);
-            let deleted = rt.block_on(async {
-                raw.purge(&format!("{prefix}:*")).await
-                    + raw.purge(&format!("idem-bench-raw:{}:*", raw.tenant)).await
-            });
-            println!("deleted the run's {deleted} Redis keys");
+    // Redis 7 fences by Lua scripts; Valkey 9 by its own compare-and-set (`SET … IFEQ`).
+    let valkey = std::env::var("IDEM_TEST_VALKEY_URL").ok();
+    for (backend, label, url) in [("redis", "Redis", &redis), ("valkey", "Valkey", &valkey)] {
+        let Some(url) = url else {
+            println!(
+                "skipped {label}: set IDEM_TEST_{}_URL",
+                backend.to_uppercase()
+            );
+            continue;
+        };
+        // idem's records under a prefix of this run, deleted at the end with the raw keys.
+        let prefix = format!("idem-bench-{}", uuid::Uuid::new_v4().simple());
+        let raw = Arc::new(rt.block_on(RawRedis::connect(url)));
+        let url = &with_option(url, &format!("prefix={prefix}"));
+        replay(&mut c, backend, url, &raw, &rt, &mut alternated);
+        fresh(&mut c, backend, url, &raw, &rt, &mut alternated);
+        fresh_concurrent(&mut c, backend, url, &raw, &rt, &mut alternated);
+        fenced_scaling(backend, url, &raw, &rt, &mut alternated);
+        if backend == "valkey" {
+            native_over_scripts(backend, url, &rt, &mut alternated);
         }
-        None => println!("skipped Redis: set IDEM_TEST_REDIS_URL"),
+        let deleted = rt.block_on(async {
+            raw.purge(&format!("{prefix}:*")).await
+                + raw.purge(&format!("idem-bench-raw:{}:*", raw.tenant)).await
+        });
+        println!("deleted the run's {deleted} {label} keys");
     }
     c.final_summary();
     if postgres.is_some() {
@@ -474,6 +561,9 @@ fn main() {
     }
     if redis.is_some() {
         summary("redis", "Redis");
+    }
+    if valkey.is_some() {
+        summary("valkey", "Valkey");
     }
     alternated_summary("shared", "Postgres and Redis", &alternated);
 }

@@ -152,7 +152,18 @@ impl Raw for RawPostgres {
 pub(crate) struct RawRedis {
     conn: redis::aio::MultiplexedConnection,
     pub(crate) tenant: String,
+    /// The fenced completion of [`RawRedis::fenced_writes`].
+    compare_and_set: redis::Script,
 }
+
+/// A compare-and-set in Lua, as a Redis without `SET … IFEQ` must fence a completion: the
+/// record is replaced only if it is still the claim's. KEYS: the record. ARGV: the claim's
+/// value, the completed one, the TTL in ms.
+const COMPARE_AND_SET: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+";
 
 impl RawRedis {
     pub(crate) async fn connect(url: &str) -> Self {
@@ -177,7 +188,11 @@ impl RawRedis {
             .query_async(&mut conn)
             .await
             .expect("set");
-        RawRedis { conn, tenant }
+        RawRedis {
+            conn,
+            tenant,
+            compare_and_set: redis::Script::new(COMPARE_AND_SET),
+        }
     }
 
     /// Deletes the keys that match `pattern` (this run's), as the Postgres run drops its
@@ -209,6 +224,41 @@ impl RawRedis {
             }
             cursor = next;
         }
+    }
+}
+
+impl RawRedis {
+    /// The raw two writes with the completion fenced as a server without a native
+    /// compare-and-set must: `SET NX PX` of a claim carrying its token, then a Lua
+    /// compare-and-set of the completed record.
+    pub(crate) async fn fenced_writes(&self, n: u64) {
+        let key = format!("idem-bench-raw:{}:{}", self.tenant, n + 1_000);
+        let mut conn = self.conn.clone();
+        let fingerprint = RawArgs::payment("run-1", n).fingerprint();
+        let mut claim = fingerprint.to_vec();
+        claim.extend(format!("{n:019}").bytes());
+        let claimed: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&claim)
+            .arg("NX")
+            .arg("PX")
+            .arg(86_400_000)
+            .query_async(&mut conn)
+            .await
+            .expect("set nx");
+        assert!(claimed.is_some());
+        let mut value = fingerprint.to_vec();
+        value.extend(payment_json(n));
+        let applied: i64 = self
+            .compare_and_set
+            .key(&key)
+            .arg(&claim)
+            .arg(value)
+            .arg(86_400_000)
+            .invoke_async(&mut conn)
+            .await
+            .expect("compare and set");
+        assert_eq!(applied, 1);
     }
 }
 

@@ -179,7 +179,7 @@ pub fn concurrent_callers<F, Fut>(
 /// Makes `calls` calls of `call`, shared among `callers` concurrent tasks on the runtime (the
 /// first `calls % callers` make one more), each call with the next number of `next`; how long
 /// they took, all of them.
-async fn among_callers<F, Fut>(
+pub async fn among_callers<F, Fut>(
     call: &F,
     callers: u64,
     calls: u64,
@@ -274,6 +274,42 @@ where
                 (timed(&mut ours, block).await, t)
             };
             ratios.push(theirs_took.as_secs_f64() / ours_took.as_secs_f64());
+        }
+        ratios
+    });
+    spread(ratios, block)
+}
+
+/// `ours`'s rate over `theirs`'s in alternation, as [`alternating_in`], where each side times
+/// its own block: `ours(block)` makes `block` calls however it makes them (among concurrent
+/// callers, in a batch of one transaction) and answers how long they took.
+pub fn alternating_blocks<A, AF, B, BF>(
+    rt: &tokio::runtime::Runtime,
+    rounds: usize,
+    block: usize,
+    mut ours: A,
+    mut theirs: B,
+) -> Spread
+where
+    A: FnMut(u64) -> AF,
+    AF: Future<Output = Duration>,
+    B: FnMut(u64) -> BF,
+    BF: Future<Output = Duration>,
+{
+    let calls = block as u64;
+    let ratios = rt.block_on(async {
+        ours(calls).await;
+        theirs(calls).await;
+        let mut ratios = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            let (o, t) = if round % 2 == 0 {
+                let o = ours(calls).await;
+                (o, theirs(calls).await)
+            } else {
+                let t = theirs(calls).await;
+                (ours(calls).await, t)
+            };
+            ratios.push(t.as_secs_f64() / o.as_secs_f64());
         }
         ratios
     });

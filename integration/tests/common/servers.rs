@@ -377,6 +377,8 @@ pub fn watched(program: &str, args: &[String]) -> Child {
 /// timeout so that a failover takes a couple of seconds.
 pub struct PrivateCluster {
     pub ports: Vec<u16>,
+    /// The server's program: `redis-server`, or Valkey's.
+    program: String,
     _dir: tempfile::TempDir,
     /// Each node's `redis-server` arguments, to start it again.
     args: Vec<Vec<String>>,
@@ -385,6 +387,11 @@ pub struct PrivateCluster {
 
 impl PrivateCluster {
     pub fn start(masters: usize) -> Self {
+        Self::start_with("redis-server", masters)
+    }
+
+    /// The same cluster of `program` (a `valkey-server`; `redis-cli` creates it all the same).
+    pub fn start_with(program: &str, masters: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut ports: Vec<u16> = Vec::new();
         while ports.len() < masters * 2 {
@@ -424,7 +431,7 @@ impl PrivateCluster {
                 args
             })
             .collect();
-        let nodes = args.iter().map(|a| watched("redis-server", a)).collect();
+        let nodes = args.iter().map(|a| watched(program, a)).collect();
         for port in &ports {
             wait_for_port(*port, "redis-server (cluster node)");
         }
@@ -436,6 +443,7 @@ impl PrivateCluster {
         run(create.args(["--cluster-replicas", "1", "--cluster-yes"]));
         let cluster = PrivateCluster {
             ports,
+            program: program.to_owned(),
             _dir: dir,
             args,
             nodes: std::sync::Mutex::new(nodes),
@@ -464,7 +472,7 @@ impl PrivateCluster {
     /// took its place.
     pub fn restart(&self, port: u16) {
         let i = self.ports.iter().position(|p| *p == port).expect("a node");
-        let child = watched("redis-server", &self.args[i]);
+        let child = watched(&self.program, &self.args[i]);
         self.nodes.lock().unwrap().push(child);
         wait_for_port(port, "redis-server (cluster node)");
         self.wait_until_ok(&[port]);
