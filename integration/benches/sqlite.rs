@@ -513,6 +513,8 @@ fn group_commit(
     if !wanted("fresh_concurrent") {
         return;
     }
+    // Both sides from empty files of their own, growing by the same calls.
+    let conn = raw_connection(&dir.join("group-raw-alternated.db"));
     let idem = rt
         .block_on(Idem::open(&format!(
             "sqlite://{}",

@@ -238,7 +238,7 @@ fn fenced_scaling(
         let raw = raw.clone();
         async move { raw.fenced_writes(n + (1 << 39)).await }
     };
-    let spread = scaling(rt, 31, 96, 8, ours, fenced);
+    let spread = scaling(rt, 41, 320, 8, ours, fenced);
     alternated.push((
         format!("{backend}: 8 callers vs 1, over the raw fenced writes' own"),
         spread,
@@ -332,7 +332,7 @@ fn fresh_concurrent<R: Raw>(
     if wanted(&group) {
         // idem's speed-up from 1 to 8 callers over the raw writes' own, each round's four
         // blocks milliseconds apart.
-        let spread = scaling(rt, 31, 96, 8, ours, theirs);
+        let spread = scaling(rt, 41, 320, 8, ours, theirs);
         alternated.push((
             format!("{backend}: 8 callers vs 1, over the raw writes' own"),
             spread,

@@ -1,0 +1,242 @@
+//! Where a fresh call's time goes when callers saturate the machine: for each variant, the
+//! calls/s, and the CPU a call costs this process (`/proc/self/stat`) and, on a
+//! Redis-compatible server, the server (`INFO cpu`). Three rounds of each variant, in turn.
+//!
+//! - `COSTS_URL=redis://…` (Redis or Valkey): 8 callers (`COSTS_CALLERS`) making
+//!   `COSTS_CALLS` (default 40,000) calls each round with `raw` (`SET NX PX`, then `SET PX`),
+//!   `fenced` (the same, the completion a Lua compare-and-set), `idem` (the store's default
+//!   fencing: the server's compare-and-set where it has one) and `idem-scripts`
+//!   (`fencing=script`); `COSTS_VARIANTS=raw,idem` picks some.
+//! - `COSTS_SQLITE=PATH`: 64 callers of idem on a SQLite file, against the raw group-commit
+//!   ceiling on `PATH.raw` (64 calls' claims in one transaction, their completions in another).
+//!
+//! Not run by bench-report: `cargo bench -p idem-integration --bench costs --features
+//! postgres,redis` with one of the variables set. `perf record` and `strace -c -f` on its
+//! binary tell the rest.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use idem::Idem;
+
+#[path = "shared/raw.rs"]
+#[allow(dead_code)] // the Postgres baseline is not used here
+mod raw;
+#[path = "support/mod.rs"]
+mod support;
+
+use raw::{Raw, RawRedis};
+use support::{RawArgs, among_callers, payment_json, raw_key, register_payment, runtime};
+
+/// A tenant of this run only.
+fn run_tenant() -> String {
+    format!("bench-{}", uuid::Uuid::new_v4().simple())
+}
+
+fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .map_or(default, |v| v.parse().expect("a number"))
+}
+
+/// The CPU time this process used so far, in seconds (utime + stime of `/proc/self/stat`).
+fn own_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("a stat line")
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields[i].parse::<f64>().expect("ticks");
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The CPU time the server used so far, in seconds (`used_cpu_sys` + `used_cpu_user`).
+async fn server_cpu(conn: &mut redis::aio::MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .filter_map(|line| {
+            let (name, value) = line.trim().split_once(':')?;
+            matches!(name, "used_cpu_sys" | "used_cpu_user").then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+fn main() {
+    if let Ok(path) = std::env::var("COSTS_SQLITE") {
+        return sqlite(&path);
+    }
+    let Ok(url) = std::env::var("COSTS_URL") else {
+        println!("set COSTS_URL (a Redis or Valkey server) or COSTS_SQLITE (a file)");
+        return;
+    };
+    let calls = setting("COSTS_CALLS", 40_000);
+    let callers = setting("COSTS_CALLERS", 8);
+    let rt = runtime();
+    let raw = Arc::new(rt.block_on(RawRedis::connect(&url)));
+    let mut info = rt.block_on(async {
+        redis::Client::open(url.as_str())
+            .expect("a URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect")
+    });
+    let scope_with = |fencing: &str| {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let prefix = format!("costs-{}", uuid::Uuid::new_v4().simple());
+        let url = format!("{url}{sep}prefix={prefix}&fencing={fencing}");
+        rt.block_on(Idem::open(&url))
+            .expect("open")
+            .scope(run_tenant())
+    };
+    let (native, scripts) = (scope_with("auto"), scope_with("script"));
+    let variants: Vec<String> = std::env::var("COSTS_VARIANTS")
+        .map(|v| v.split(',').map(str::to_owned).collect())
+        .unwrap_or_else(|_| {
+            ["raw", "fenced", "idem", "idem-scripts"]
+                .map(str::to_owned)
+                .to_vec()
+        });
+    let next = Arc::new(AtomicU64::new(1 << 44));
+    for round in 0..3 {
+        for variant in &variants {
+            let (raw, next) = (raw.clone(), next.clone());
+            let scope = match variant.as_str() {
+                "idem-scripts" => scripts.clone(),
+                _ => native.clone(),
+            };
+            let (took, client, server) = rt.block_on(async {
+                let (server_before, client_before) = (server_cpu(&mut info).await, own_cpu());
+                let start = Instant::now();
+                match variant.as_str() {
+                    "raw" => {
+                        let call = move |n| {
+                            let raw = raw.clone();
+                            async move { raw.two_writes(n).await }
+                        };
+                        among_callers(&call, callers, calls, &next).await
+                    }
+                    "fenced" => {
+                        let call = move |n| {
+                            let raw = raw.clone();
+                            async move { raw.fenced_writes(n).await }
+                        };
+                        among_callers(&call, callers, calls, &next).await
+                    }
+                    "idem" | "idem-scripts" => {
+                        let call = move |n| {
+                            let scope = scope.clone();
+                            async move {
+                                let call = register_payment("run".into(), n, "cus".into(), 500);
+                                assert!(scope.run(call).await.expect("call").is_fresh());
+                            }
+                        };
+                        among_callers(&call, callers, calls, &next).await
+                    }
+                    other => panic!("unknown variant `{other}`"),
+                };
+                let took = start.elapsed().as_secs_f64();
+                let client = own_cpu() - client_before;
+                (took, client, server_cpu(&mut info).await - server_before)
+            });
+            let per_call = |seconds: f64| seconds / calls as f64 * 1e6;
+            println!(
+                "round {round} {variant:>13}: {:>7.0} calls/s, client {:>5.1} µs, server {:>5.1} µs a call",
+                calls as f64 / took,
+                per_call(client),
+                per_call(server)
+            );
+        }
+    }
+}
+
+/// 64 callers of idem on SQLite against the raw group-commit ceiling, in turn.
+fn sqlite(path: &str) {
+    const GROUP: u64 = 64;
+    let calls = setting("COSTS_CALLS", 20_000) / GROUP * GROUP;
+    let rt = runtime();
+    let scope = rt
+        .block_on(Idem::open(&format!("sqlite://{path}")))
+        .expect("open")
+        .scope("tenant-a");
+    let raw = rusqlite::Connection::open(format!("{path}.raw")).expect("open");
+    raw.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;
+         CREATE TABLE IF NOT EXISTS raw (
+            tenant TEXT NOT NULL, key BLOB NOT NULL, fingerprint BLOB NOT NULL,
+            status TEXT NOT NULL, token INTEGER NOT NULL, lease_expires_at INTEGER NOT NULL,
+            created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, result BLOB,
+            PRIMARY KEY (tenant, key)) WITHOUT ROWID;
+         CREATE INDEX IF NOT EXISTS raw_expires_at ON raw (expires_at);",
+    )
+    .expect("schema");
+    let next = Arc::new(AtomicU64::new(0));
+    for round in 0..3u64 {
+        let scope = scope.clone();
+        let ours = rt.block_on(async {
+            let start = Instant::now();
+            let call = move |n| {
+                let scope = scope.clone();
+                async move {
+                    let call = register_payment("run".into(), n, "cus".into(), 500);
+                    assert!(scope.run(call).await.expect("call").is_fresh());
+                }
+            };
+            among_callers(&call, GROUP, calls, &next).await;
+            start.elapsed().as_secs_f64()
+        });
+        let start = Instant::now();
+        for group in 0..calls / GROUP {
+            raw_group_commit(&raw, (round << 32) + group * GROUP, GROUP);
+        }
+        let theirs = start.elapsed().as_secs_f64();
+        println!(
+            "round {round}: idem, 64 callers {:>7.0} calls/s; raw group commit {:>7.0} calls/s; ratio {:.2}",
+            calls as f64 / ours,
+            calls as f64 / theirs,
+            theirs / ours
+        );
+    }
+}
+
+/// The claims of `size` calls from `first` in one transaction, their completions in another.
+fn raw_group_commit(conn: &rusqlite::Connection, first: u64, size: u64) {
+    conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
+    for n in first..first + size {
+        conn.prepare_cached(
+            "INSERT INTO raw VALUES ('tenant-a', ?1, ?2, 'in_flight', ?3, 30000, 0, ?4, NULL)",
+        )
+        .expect("prepare")
+        .execute(rusqlite::params![
+            &raw_key("tenant-a", n)[..],
+            &RawArgs::payment("run-1", n).fingerprint()[..],
+            n as i64,
+            86_400_000 + n as i64
+        ])
+        .expect("insert");
+    }
+    conn.execute_batch("COMMIT; BEGIN IMMEDIATE")
+        .expect("commit");
+    for n in first..first + size {
+        conn.prepare_cached(
+            "UPDATE raw SET status = 'completed', result = ?3, expires_at = ?5 \
+             WHERE tenant = ?1 AND key = ?2 AND token = ?4",
+        )
+        .expect("prepare")
+        .execute(rusqlite::params![
+            "tenant-a",
+            &raw_key("tenant-a", n)[..],
+            payment_json(n),
+            n as i64,
+            86_400_000 + n as i64
+        ])
+        .expect("update");
+    }
+    conn.execute_batch("COMMIT").expect("commit");
+}
