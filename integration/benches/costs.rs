@@ -8,7 +8,8 @@
 //!   fencing: the server's compare-and-set where it has one) and `idem-scripts`
 //!   (`fencing=script`); `COSTS_VARIANTS=raw,idem` picks some.
 //! - `COSTS_SQLITE=PATH`: 64 callers of idem on a SQLite file, against the raw group-commit
-//!   ceiling on `PATH.raw` (64 calls' claims in one transaction, their completions in another).
+//!   ceiling on `PATH.raw` (64 calls' claims in one transaction, their completions in another);
+//!   `COSTS_SIDE=idem` or `raw` runs one side alone.
 //!
 //! Not run by bench-report: `cargo bench -p idem-integration --bench costs --features
 //! postgres,redis` with one of the variables set. `perf record` and `strace -c -f` on its
@@ -177,8 +178,16 @@ fn sqlite(path: &str) {
     )
     .expect("schema");
     let next = Arc::new(AtomicU64::new(0));
+    // `COSTS_SIDE=idem` or `raw`: one side alone (for `strace -c` of its system calls).
+    let side = std::env::var("COSTS_SIDE").unwrap_or_default();
     for round in 0..3u64 {
         let scope = scope.clone();
+        if side == "raw" {
+            for group in 0..calls / GROUP {
+                raw_group_commit(&raw, (round << 32) + group * GROUP, GROUP);
+            }
+            continue;
+        }
         let ours = rt.block_on(async {
             let start = Instant::now();
             let call = move |n| {
@@ -191,6 +200,9 @@ fn sqlite(path: &str) {
             among_callers(&call, GROUP, calls, &next).await;
             start.elapsed().as_secs_f64()
         });
+        if side == "idem" {
+            continue;
+        }
         let start = Instant::now();
         for group in 0..calls / GROUP {
             raw_group_commit(&raw, (round << 32) + group * GROUP, GROUP);
