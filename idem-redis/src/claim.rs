@@ -274,7 +274,7 @@ impl Store for RedisStore {
                 self.replicated("claim", req.tenant, &req.key, token, false)
                     .await?;
                 // A new key's record, as written: its settlement may compare and set natively.
-                if let Some(new) = new.filter(|_| self.fencing.set && !takeover) {
+                if let Some(new) = new.filter(|_| !takeover) {
                     self.written.keep(req.key, token, new, req.now);
                 }
             }
@@ -291,8 +291,13 @@ impl Store for RedisStore {
             let hash = blob::stored_apart(c.status, c.result, self.blob_threshold)
                 .map(|h| h.to_hex())
                 .unwrap_or_default();
-            let held = self.written.take(c.key, c.token);
-            let native = match held.filter(|_| hash.is_empty()) {
+            // A new key's claim that wrote nothing else: natively, or by the plain script.
+            let held = self
+                .written
+                .take(c.key, c.token)
+                .filter(|_| hash.is_empty());
+            let plain = held.is_some();
+            let native = match held.filter(|_| self.fencing.set) {
                 Some(held) => {
                     let done =
                         native::completed(&held, status_arg(c.status), &expires_at, c.result);
@@ -310,6 +315,22 @@ impl Store for RedisStore {
             };
             let applied: i64 = if native {
                 1
+            } else if plain && !self.fencing.set {
+                self.invoke(
+                    "complete",
+                    &self.scripts.complete_plain,
+                    &[&self.record_key(c.tenant, &c.key)],
+                    &[
+                        token.as_bytes(),
+                        c.result,
+                        expires_at.as_bytes(),
+                        ttl.as_bytes(),
+                        status_arg(c.status),
+                        channel.as_bytes(),
+                        notice.as_bytes(),
+                    ],
+                )
+                .await?
             } else {
                 self.invoke(
                     "complete",
@@ -480,18 +501,18 @@ impl Store for RedisStore {
             // Natively when the record outlives the new lease (else the script lengthens its
             // life); whatever the script does, the value it leaves is not known here.
             let held = self.written.take(r.key, r.token);
-            if let Some((held, new)) = held.and_then(|held| {
-                let new = native::renewed(&held, &lease_expires_at)?;
-                Some((held, new))
-            }) {
+            let renewed_value = held
+                .as_deref()
+                .and_then(|held| native::renewed(held, &lease_expires_at));
+            if let (Some(held), Some(new), true) = (&held, &renewed_value, self.fencing.set) {
                 let mut set = redis::cmd("SET");
                 set.arg(self.record_key(r.tenant, &r.key))
-                    .arg(&new)
+                    .arg(new)
                     .arg("IFEQ")
                     .arg(held)
                     .arg("KEEPTTL");
                 if self.compare_and_set("renew", set, "", "").await? {
-                    self.written.keep(r.key, r.token, new, r.now);
+                    self.written.keep(r.key, r.token, new.clone(), r.now);
                     return Ok(Fenced::Applied);
                 }
             }
@@ -507,11 +528,17 @@ impl Store for RedisStore {
                     ],
                 )
                 .await?;
-            Ok(if renewed == 1 {
-                Fenced::Applied
-            } else {
-                Fenced::Lost
-            })
+            if renewed != 1 {
+                return Ok(Fenced::Lost);
+            }
+            // Without a native compare-and-set the value is only the sign of a new key's
+            // claim that wrote nothing else (its completion may take the plain script);
+            // with one, a value the script wrote is not known here.
+            if let (Some(held), false) = (held, self.fencing.set) {
+                let value = renewed_value.unwrap_or(held);
+                self.written.keep(r.key, r.token, value, r.now);
+            }
+            Ok(Fenced::Applied)
         })
     }
 
@@ -589,6 +616,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let (channel, notice) = self.announcement(&key, true);
             let held = self.written.take(key, token);
+            let plain = held.is_some();
             if let Some(held) = held.filter(|_| self.fencing.delete) {
                 let mut delete = redis::cmd("DELIFEQ");
                 delete.arg(self.record_key(tenant, &key)).arg(held);
@@ -601,10 +629,17 @@ impl Store for RedisStore {
                 }
             }
             let token = token_arg(token);
+            // A new key's claim without chunks has no stream to drop (unless the server's
+            // own delete did not apply: then the script decides, on the record as it is).
+            let script = if plain && !self.fencing.delete {
+                &self.scripts.release_plain
+            } else {
+                &self.scripts.release
+            };
             let deleted: i64 = self
                 .invoke(
                     "release",
-                    &self.scripts.release,
+                    script,
                     &[&self.record_key(tenant, &key)],
                     &[token.as_bytes(), channel.as_bytes(), notice.as_bytes()],
                 )

@@ -114,8 +114,8 @@ pub use self::record::SCHEMA_VERSION;
 
 use self::admin::RESOLVE;
 use self::scripts::{
-    APPEND_CHUNKS, CLAIM, CLAIM_BATCH, COMPLETE, DELETE, LOOKUP, READ_CHUNKS, RELEASE, RENEW,
-    RENEW_BATCH, SETTLE_BATCH,
+    APPEND_CHUNKS, CLAIM, CLAIM_BATCH, COMPLETE, COMPLETE_PLAIN, DELETE, LOOKUP, READ_CHUNKS,
+    RELEASE, RELEASE_PLAIN, RENEW, RENEW_BATCH, SETTLE_BATCH,
 };
 
 /// The longest result this store keeps: Redis keeps values of up to `proto-max-bulk-len` (512
@@ -405,10 +405,12 @@ fn scripts() -> Scripts {
         claim: Script::new(CLAIM),
         claim_batch: Script::new(CLAIM_BATCH),
         complete: Script::new(COMPLETE),
+        complete_plain: Script::new(COMPLETE_PLAIN),
         settle_batch: Script::new(SETTLE_BATCH),
         renew: Script::new(RENEW),
         renew_batch: Script::new(RENEW_BATCH),
         release: Script::new(RELEASE),
+        release_plain: Script::new(RELEASE_PLAIN),
         resolve: Script::new(RESOLVE),
         append_chunks: Script::new(APPEND_CHUNKS),
         read_chunks: Script::new(READ_CHUNKS),
@@ -662,6 +664,113 @@ mod tests {
                 ttl(format!("{record}:stream")).await,
                 -2,
                 "released with its record"
+            );
+        }
+
+        /// On a server without a native compare-and-set, a new key's completion and release
+        /// take the plain scripts (no stream or blob upkeep): here the full ones fail, and
+        /// they still apply, renewed first or not; a call that appended chunks takes the full
+        /// one.
+        #[tokio::test]
+        async fn a_new_keys_settlements_take_the_plain_scripts() {
+            use idem_core::clock::Clock as _;
+            use idem_core::store::{
+                ChunkAppend, Claim, ClaimRequest, Completion, Fenced, RecordStatus, Renewal, Store,
+            };
+            let Some(store) = store().await else { return };
+            if store.fencing.set {
+                return; // the native path: tested on Valkey
+            }
+            let failing = || redis::Script::new("return redis.error_reply('the full script ran')");
+            let scripts = super::super::Scripts {
+                complete: failing(),
+                release: failing(),
+                ..super::super::scripts()
+            };
+            let store = super::super::RedisStore {
+                scripts: std::sync::Arc::new(scripts),
+                ..store
+            };
+            let tenant = format!("plain-{}", uuid::Uuid::new_v4().simple());
+            let now = || idem_core::clock::SystemClock.now();
+            let claim = |n: u32| {
+                let key = idem_core::key::derive_key(
+                    &tenant,
+                    "tool",
+                    &[idem_core::key::KeyPart::new(&n).unwrap()],
+                );
+                let store = &store;
+                let tenant = &tenant;
+                async move {
+                    let claim = store.claim(ClaimRequest {
+                        tenant,
+                        key,
+                        tool: "tool",
+                        fingerprint: idem_core::Fingerprint::from_bytes([7; 32]),
+                        now: now(),
+                        lease: std::time::Duration::from_secs(30),
+                        ttl: std::time::Duration::from_secs(60),
+                        orphans: idem_core::store::Orphans::TakeOver,
+                    });
+                    let Claim::Acquired { token, .. } = claim.await.expect("claim") else {
+                        panic!("a new key is acquired");
+                    };
+                    (key, token)
+                }
+            };
+            let completion = |key, token| Completion {
+                tenant: &tenant,
+                key,
+                token,
+                status: RecordStatus::Completed,
+                result: b"7",
+                now: now(),
+                ttl: std::time::Duration::from_secs(60),
+                notify: true,
+            };
+            let (key, token) = claim(1).await;
+            let renewal = Renewal {
+                tenant: &tenant,
+                key,
+                token,
+                now: now(),
+                lease: std::time::Duration::from_secs(40),
+            };
+            assert_eq!(store.renew(renewal).await.expect("renew"), Fenced::Applied);
+            let done = store.complete(completion(key, token)).await.expect("plain");
+            assert_eq!(done, Fenced::Applied);
+            // Sent again (its answer lost): recognised as applied.
+            store.written.keep(key, token, Vec::new(), now());
+            let again = store.complete(completion(key, token)).await.expect("again");
+            assert_eq!(again, Fenced::Applied);
+            let record = store.lookup(&tenant, key).await.expect("lookup");
+            assert_eq!(record.expect("a record").result.as_deref(), Some(&b"7"[..]));
+
+            let (key, token) = claim(2).await;
+            assert_eq!(
+                store.release(&tenant, key, token).await.expect("plain"),
+                Fenced::Applied
+            );
+            assert_eq!(store.lookup(&tenant, key).await.expect("lookup"), None);
+
+            let (key, token) = claim(3).await;
+            let append = ChunkAppend {
+                tenant: &tenant,
+                key,
+                token,
+                first: 0,
+                chunks: &[b"chunk".to_vec()],
+            };
+            assert_eq!(
+                store.append_chunks(append).await.expect("append"),
+                Fenced::Applied
+            );
+            let full = store.complete(completion(key, token)).await;
+            assert!(
+                full.expect_err("the full script")
+                    .to_string()
+                    .contains("complete"),
+                "a call with chunks keeps its stream by the full script"
             );
         }
 

@@ -14,7 +14,9 @@
 //! record (a takeover keeps the orphan's expiry and creation time, which the claim did not
 //! read). It keeps that value, per key and token, from the claim to the settlement
 //! ([`Written`]); a claim taken over, a batch's, a call that streams, or a value the store let go
-//! of settle by script. A native write that does not apply hands over to the script, which
+//! of settle by script. On a server without the commands, the kept value says the same of the
+//! claim (a new key's, nothing written beside its record), and its completion and release take
+//! the plain scripts (`COMPLETE_PLAIN`, `RELEASE_PLAIN`: no stream or blob to keep up). A native write that does not apply hands over to the script, which
 //! tells a second delivery of this very write (applied), a token that lost the key, and a record
 //! an operator or a blocked claim changed meanwhile, as it always has.
 //!

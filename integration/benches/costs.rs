@@ -88,10 +88,11 @@ fn main() {
             .await
             .expect("connect")
     });
+    // idem's records under a prefix of this run, deleted at the end with the raw keys.
+    let prefix = format!("costs-{}", uuid::Uuid::new_v4().simple());
     let scope_with = |fencing: &str| {
         let sep = if url.contains('?') { '&' } else { '?' };
-        let prefix = format!("costs-{}", uuid::Uuid::new_v4().simple());
-        let url = format!("{url}{sep}prefix={prefix}&fencing={fencing}");
+        let url = format!("{url}{sep}prefix={prefix}-{fencing}&fencing={fencing}");
         rt.block_on(Idem::open(&url))
             .expect("open")
             .scope(run_tenant())
@@ -155,6 +156,13 @@ fn main() {
             );
         }
     }
+    // A server left holding hundreds of thousands of records answers every later scan (the
+    // tests' `idem list`, blob usage) more slowly.
+    let deleted = rt.block_on(async {
+        raw.purge(&format!("{prefix}-*")).await
+            + raw.purge(&format!("idem-bench-raw:{}:*", raw.tenant)).await
+    });
+    println!("deleted the run's {deleted} keys");
 }
 
 /// 64 callers of idem on SQLite against the raw group-commit ceiling, in turn.
