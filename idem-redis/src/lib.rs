@@ -14,8 +14,9 @@
 //!   sets natively (`SET … IFEQ`: Valkey 8.1 and later, Redis 8.4 and later; `DELIFEQ`: Valkey
 //!   9), the completion, the renewal of a lease and the release of a new key's claim are that one
 //!   command, comparing the whole record with the value the claim wrote (its token among it);
-//!   elsewhere, and for a claim taken over, a batch, a stream or a result kept as a blob, they
-//!   are scripts (a token check, then the write). A probe at open chooses (never the server's
+//!   elsewhere they are scripts (a token check, then the write: a plain one for a new key's
+//!   claim, and for a claim taken over, a batch, a stream or a result kept as a blob one that
+//!   also keeps the stream and the blobs). A probe at open chooses (never the server's
 //!   name: Valkey reports `redis_version:7.2.4`); `fencing=script` keeps the scripts; the health
 //!   check and `idem doctor` say which is used (see `native.rs`).
 //! - **Records expire on their own.** Each record is one string (see the layout below) with a
