@@ -118,19 +118,66 @@ pub(super) fn decide_without_writing(
 }
 
 impl RedisStore {
-    /// Sends `write`, a native compare-and-set (`SET … IFEQ` or `DELIFEQ`), with the `PUBLISH`
-    /// of its announcement in the same pipeline when it has one (`channel` not empty), and says
-    /// whether it applied. One that did not is handed to the script by the caller, which tells
-    /// why; a notice sent for it wakes the waiting callers to read the record as it is.
+    /// Replaces (`Some(new)`, with a TTL in ms or keeping it) or deletes (`None`) the record at
+    /// `record` if it is still exactly `old`, and says whether it did; the announcement, when
+    /// there is one (`channel` not empty), goes with it. By the server's own command where it
+    /// has one (`SET … IFEQ`, `DELIFEQ`: the `PUBLISH` in the same pipeline), else by
+    /// [`COMPARE_AND_SET`](super::scripts::COMPARE_AND_SET). One that did not apply is handed
+    /// to the full script by the caller, which tells why; a notice sent for it wakes the
+    /// waiting callers to read the record as it is.
     async fn compare_and_set(
         &self,
         op: &str,
-        write: redis::Cmd,
+        record: &str,
+        old: &[u8],
+        new: Option<(&[u8], Option<&str>)>,
         channel: &str,
         notice: &str,
     ) -> Result<bool, StoreError> {
+        let native = match new {
+            Some(_) => self.fencing.set,
+            None => self.fencing.delete,
+        };
+        if !native {
+            let (new, ttl, delete): (&[u8], &str, &[u8]) = match new {
+                Some((new, ttl)) => (new, ttl.unwrap_or(""), b""),
+                None => (b"", "", b"d"),
+            };
+            let applied: i64 = self
+                .invoke(
+                    op,
+                    &self.scripts.compare_and_set,
+                    &[record],
+                    &[
+                        old,
+                        new,
+                        ttl.as_bytes(),
+                        delete,
+                        channel.as_bytes(),
+                        notice.as_bytes(),
+                    ],
+                )
+                .await?;
+            return Ok(applied == 1);
+        }
         let mut pipeline = redis::pipe();
-        pipeline.add_command(write);
+        match new {
+            Some((new, ttl)) => {
+                let set = pipeline
+                    .cmd("SET")
+                    .arg(record)
+                    .arg(new)
+                    .arg("IFEQ")
+                    .arg(old);
+                match ttl {
+                    Some(ttl) => set.arg("PX").arg(ttl),
+                    None => set.arg("KEEPTTL"),
+                };
+            }
+            None => {
+                pipeline.cmd("DELIFEQ").arg(record).arg(old);
+            }
+        }
         if !channel.is_empty() {
             pipeline.cmd("PUBLISH").arg(channel).arg(notice).ignore();
         }
@@ -291,51 +338,29 @@ impl Store for RedisStore {
             let hash = blob::stored_apart(c.status, c.result, self.blob_threshold)
                 .map(|h| h.to_hex())
                 .unwrap_or_default();
-            // A new key's claim that wrote nothing else: natively, or by the plain script.
+            // A new key's claim that wrote nothing else: one compare-and-set of its record.
             let held = self
                 .written
                 .take(c.key, c.token)
                 .filter(|_| hash.is_empty());
-            let plain = held.is_some();
-            let native = match held.filter(|_| self.fencing.set) {
+            let record = self.record_key(c.tenant, &c.key);
+            let swapped = match held {
                 Some(held) => {
                     let done =
                         native::completed(&held, status_arg(c.status), &expires_at, c.result);
-                    let mut set = redis::cmd("SET");
-                    set.arg(self.record_key(c.tenant, &c.key))
-                        .arg(done)
-                        .arg("IFEQ")
-                        .arg(held)
-                        .arg("PX")
-                        .arg(&ttl);
-                    self.compare_and_set("complete", set, channel, &notice)
+                    let new = Some((&done[..], Some(ttl.as_str())));
+                    self.compare_and_set("complete", &record, &held, new, channel, &notice)
                         .await?
                 }
                 None => false,
             };
-            let applied: i64 = if native {
+            let applied: i64 = if swapped {
                 1
-            } else if plain && !self.fencing.set {
-                self.invoke(
-                    "complete",
-                    &self.scripts.complete_plain,
-                    &[&self.record_key(c.tenant, &c.key)],
-                    &[
-                        token.as_bytes(),
-                        c.result,
-                        expires_at.as_bytes(),
-                        ttl.as_bytes(),
-                        status_arg(c.status),
-                        channel.as_bytes(),
-                        notice.as_bytes(),
-                    ],
-                )
-                .await?
             } else {
                 self.invoke(
                     "complete",
                     &self.scripts.complete,
-                    &[&self.record_key(c.tenant, &c.key)],
+                    &[&record],
                     &[
                         token.as_bytes(),
                         c.result,
@@ -498,29 +523,27 @@ impl Store for RedisStore {
             let token = token_arg(r.token);
             let lease_expires_at = time_arg(after(r.now, r.lease));
             let lease = millis_arg(r.lease);
-            // Natively when the record outlives the new lease (else the script lengthens its
-            // life); whatever the script does, the value it leaves is not known here.
+            // One compare-and-set when the record outlives the new lease (else the script
+            // lengthens its life); whatever the script does, the value it leaves is not known
+            // here.
+            let record = self.record_key(r.tenant, &r.key);
             let held = self.written.take(r.key, r.token);
             let renewed_value = held
                 .as_deref()
                 .and_then(|held| native::renewed(held, &lease_expires_at));
-            if let (Some(held), Some(new), true) = (&held, &renewed_value, self.fencing.set) {
-                let mut set = redis::cmd("SET");
-                set.arg(self.record_key(r.tenant, &r.key))
-                    .arg(new)
-                    .arg("IFEQ")
-                    .arg(held)
-                    .arg("KEEPTTL");
-                if self.compare_and_set("renew", set, "", "").await? {
-                    self.written.keep(r.key, r.token, new.clone(), r.now);
-                    return Ok(Fenced::Applied);
-                }
+            if let (Some(held), Some(new)) = (&held, &renewed_value)
+                && self
+                    .compare_and_set("renew", &record, held, Some((new, None)), "", "")
+                    .await?
+            {
+                self.written.keep(r.key, r.token, new.clone(), r.now);
+                return Ok(Fenced::Applied);
             }
             let renewed: i64 = self
                 .invoke(
                     "renew",
                     &self.scripts.renew,
-                    &[&self.record_key(r.tenant, &r.key)],
+                    &[&record],
                     &[
                         token.as_bytes(),
                         lease_expires_at.as_bytes(),
@@ -528,17 +551,11 @@ impl Store for RedisStore {
                     ],
                 )
                 .await?;
-            if renewed != 1 {
-                return Ok(Fenced::Lost);
-            }
-            // Without a native compare-and-set the value is only the sign of a new key's
-            // claim that wrote nothing else (its completion may take the plain script);
-            // with one, a value the script wrote is not known here.
-            if let (Some(held), false) = (held, self.fencing.set) {
-                let value = renewed_value.unwrap_or(held);
-                self.written.keep(r.key, r.token, value, r.now);
-            }
-            Ok(Fenced::Applied)
+            Ok(if renewed == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Lost
+            })
         })
     }
 
@@ -615,32 +632,22 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
             let (channel, notice) = self.announcement(&key, true);
-            let held = self.written.take(key, token);
-            let plain = held.is_some();
-            if let Some(held) = held.filter(|_| self.fencing.delete) {
-                let mut delete = redis::cmd("DELIFEQ");
-                delete.arg(self.record_key(tenant, &key)).arg(held);
-                if self
-                    .compare_and_set("release", delete, channel, &notice)
+            let record = self.record_key(tenant, &key);
+            // A new key's claim that wrote nothing else: one compare-and-delete of its record.
+            if let Some(held) = self.written.take(key, token)
+                && self
+                    .compare_and_set("release", &record, &held, None, channel, &notice)
                     .await?
-                {
-                    self.notices.settled(&key);
-                    return Ok(Fenced::Applied);
-                }
+            {
+                self.notices.settled(&key);
+                return Ok(Fenced::Applied);
             }
             let token = token_arg(token);
-            // A new key's claim without chunks has no stream to drop (unless the server's
-            // own delete did not apply: then the script decides, on the record as it is).
-            let script = if plain && !self.fencing.delete {
-                &self.scripts.release_plain
-            } else {
-                &self.scripts.release
-            };
             let deleted: i64 = self
                 .invoke(
                     "release",
-                    script,
-                    &[&self.record_key(tenant, &key)],
+                    &self.scripts.release,
+                    &[&record],
                     &[token.as_bytes(), channel.as_bytes(), notice.as_bytes()],
                 )
                 .await?;

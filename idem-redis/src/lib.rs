@@ -14,9 +14,9 @@
 //!   sets natively (`SET … IFEQ`: Valkey 8.1 and later, Redis 8.4 and later; `DELIFEQ`: Valkey
 //!   9), the completion, the renewal of a lease and the release of a new key's claim are that one
 //!   command, comparing the whole record with the value the claim wrote (its token among it);
-//!   elsewhere they are scripts (a token check, then the write: a plain one for a new key's
-//!   claim, and for a claim taken over, a batch, a stream or a result kept as a blob one that
-//!   also keeps the stream and the blobs). A probe at open chooses (never the server's
+//!   elsewhere a four-line script does the same compare-and-set; a claim taken over, a batch, a
+//!   stream or a result kept as a blob settle by the full scripts (a token check, the write,
+//!   and the upkeep of the stream and the blobs). A probe at open chooses (never the server's
 //!   name: Valkey reports `redis_version:7.2.4`); `fencing=script` keeps the scripts; the health
 //!   check and `idem doctor` say which is used (see `native.rs`).
 //! - **Records expire on their own.** Each record is one string (see the layout below) with a
@@ -115,8 +115,8 @@ pub use self::record::SCHEMA_VERSION;
 
 use self::admin::RESOLVE;
 use self::scripts::{
-    APPEND_CHUNKS, CLAIM, CLAIM_BATCH, COMPLETE, COMPLETE_PLAIN, DELETE, LOOKUP, READ_CHUNKS,
-    RELEASE, RELEASE_PLAIN, RENEW, RENEW_BATCH, SETTLE_BATCH,
+    APPEND_CHUNKS, CLAIM, CLAIM_BATCH, COMPARE_AND_SET, COMPLETE, DELETE, LOOKUP, READ_CHUNKS,
+    RELEASE, RENEW, RENEW_BATCH, SETTLE_BATCH,
 };
 
 /// The longest result this store keeps: Redis keeps values of up to `proto-max-bulk-len` (512
@@ -406,12 +406,11 @@ fn scripts() -> Scripts {
         claim: Script::new(CLAIM),
         claim_batch: Script::new(CLAIM_BATCH),
         complete: Script::new(COMPLETE),
-        complete_plain: Script::new(COMPLETE_PLAIN),
+        compare_and_set: Script::new(COMPARE_AND_SET),
         settle_batch: Script::new(SETTLE_BATCH),
         renew: Script::new(RENEW),
         renew_batch: Script::new(RENEW_BATCH),
         release: Script::new(RELEASE),
-        release_plain: Script::new(RELEASE_PLAIN),
         resolve: Script::new(RESOLVE),
         append_chunks: Script::new(APPEND_CHUNKS),
         read_chunks: Script::new(READ_CHUNKS),
@@ -668,111 +667,15 @@ mod tests {
             );
         }
 
-        /// On a server without a native compare-and-set, a new key's completion and release
-        /// take the plain scripts (no stream or blob upkeep): here the full ones fail, and
-        /// they still apply, renewed first or not; a call that appended chunks takes the full
-        /// one.
+        /// Without a native compare-and-set, a new key's settlements are one compare-and-set
+        /// script each: the full scripts never run.
         #[tokio::test]
-        async fn a_new_keys_settlements_take_the_plain_scripts() {
-            use idem_core::clock::Clock as _;
-            use idem_core::store::{
-                ChunkAppend, Claim, ClaimRequest, Completion, Fenced, RecordStatus, Renewal, Store,
-            };
+        async fn a_new_keys_settlements_are_one_compare_and_set_script() {
             let Some(store) = store().await else { return };
             if store.fencing.set {
-                return; // the native path: tested on Valkey
+                return; // the server's own: tested on Valkey
             }
-            let failing = || redis::Script::new("return redis.error_reply('the full script ran')");
-            let scripts = super::super::Scripts {
-                complete: failing(),
-                release: failing(),
-                ..super::super::scripts()
-            };
-            let store = super::super::RedisStore {
-                scripts: std::sync::Arc::new(scripts),
-                ..store
-            };
-            let tenant = format!("plain-{}", uuid::Uuid::new_v4().simple());
-            let now = || idem_core::clock::SystemClock.now();
-            let claim = |n: u32| {
-                let key = idem_core::key::derive_key(
-                    &tenant,
-                    "tool",
-                    &[idem_core::key::KeyPart::new(&n).unwrap()],
-                );
-                let store = &store;
-                let tenant = &tenant;
-                async move {
-                    let claim = store.claim(ClaimRequest {
-                        tenant,
-                        key,
-                        tool: "tool",
-                        fingerprint: idem_core::Fingerprint::from_bytes([7; 32]),
-                        now: now(),
-                        lease: std::time::Duration::from_secs(30),
-                        ttl: std::time::Duration::from_secs(60),
-                        orphans: idem_core::store::Orphans::TakeOver,
-                    });
-                    let Claim::Acquired { token, .. } = claim.await.expect("claim") else {
-                        panic!("a new key is acquired");
-                    };
-                    (key, token)
-                }
-            };
-            let completion = |key, token| Completion {
-                tenant: &tenant,
-                key,
-                token,
-                status: RecordStatus::Completed,
-                result: b"7",
-                now: now(),
-                ttl: std::time::Duration::from_secs(60),
-                notify: true,
-            };
-            let (key, token) = claim(1).await;
-            let renewal = Renewal {
-                tenant: &tenant,
-                key,
-                token,
-                now: now(),
-                lease: std::time::Duration::from_secs(40),
-            };
-            assert_eq!(store.renew(renewal).await.expect("renew"), Fenced::Applied);
-            let done = store.complete(completion(key, token)).await.expect("plain");
-            assert_eq!(done, Fenced::Applied);
-            // Sent again (its answer lost): recognised as applied.
-            store.written.keep(key, token, Vec::new(), now());
-            let again = store.complete(completion(key, token)).await.expect("again");
-            assert_eq!(again, Fenced::Applied);
-            let record = store.lookup(&tenant, key).await.expect("lookup");
-            assert_eq!(record.expect("a record").result.as_deref(), Some(&b"7"[..]));
-
-            let (key, token) = claim(2).await;
-            assert_eq!(
-                store.release(&tenant, key, token).await.expect("plain"),
-                Fenced::Applied
-            );
-            assert_eq!(store.lookup(&tenant, key).await.expect("lookup"), None);
-
-            let (key, token) = claim(3).await;
-            let append = ChunkAppend {
-                tenant: &tenant,
-                key,
-                token,
-                first: 0,
-                chunks: &[b"chunk".to_vec()],
-            };
-            assert_eq!(
-                store.append_chunks(append).await.expect("append"),
-                Fenced::Applied
-            );
-            let full = store.complete(completion(key, token)).await;
-            assert!(
-                full.expect_err("the full script")
-                    .to_string()
-                    .contains("complete"),
-                "a call with chunks keeps its stream by the full script"
-            );
+            super::settlements_are_one_compare_and_set(store, false).await;
         }
 
         #[tokio::test]
@@ -820,12 +723,154 @@ mod tests {
         }
     }
 
+    mod settle {
+        use super::RedisStore;
+        use idem_core::store::{Claim, ClaimRequest, Completion, RecordStatus, Store};
+
+        /// A claim of a new key on `store`, for `tenant`.
+        pub(super) async fn claimed(
+            store: &RedisStore,
+            tenant: &str,
+            n: u32,
+        ) -> (
+            idem_core::key::IdempotencyKey,
+            idem_core::store::FencingToken,
+        ) {
+            use idem_core::clock::Clock as _;
+            let key = idem_core::key::derive_key(
+                tenant,
+                "tool",
+                &[idem_core::key::KeyPart::new(&n).unwrap()],
+            );
+            let claim = store
+                .claim(ClaimRequest {
+                    tenant,
+                    key,
+                    tool: "tool",
+                    fingerprint: idem_core::Fingerprint::from_bytes([7; 32]),
+                    now: idem_core::clock::SystemClock.now(),
+                    lease: std::time::Duration::from_secs(30),
+                    ttl: std::time::Duration::from_secs(60),
+                    orphans: idem_core::store::Orphans::TakeOver,
+                })
+                .await
+                .expect("claim");
+            let Claim::Acquired {
+                token,
+                takeover: false,
+            } = claim
+            else {
+                panic!("a new key is acquired: {claim:?}");
+            };
+            (key, token)
+        }
+
+        pub(super) fn completion<'a>(
+            tenant: &'a str,
+            key: idem_core::key::IdempotencyKey,
+            token: idem_core::store::FencingToken,
+        ) -> Completion<'a> {
+            use idem_core::clock::Clock as _;
+            Completion {
+                tenant,
+                key,
+                token,
+                status: RecordStatus::Completed,
+                result: b"{\"ok\":1}",
+                now: idem_core::clock::SystemClock.now(),
+                ttl: std::time::Duration::from_secs(60),
+                notify: true,
+            }
+        }
+
+        /// A new key's claim settles by one compare-and-set of its record: renewed (twice),
+        /// completed, or released, with the full settlement scripts failing (and, on a server that
+        /// compares and sets on its own, `native`, the emulating script too); a call that appended
+        /// chunks takes the full script.
+        pub(super) async fn settlements_are_one_compare_and_set(store: RedisStore, native: bool) {
+            use idem_core::clock::Clock as _;
+            use idem_core::store::{ChunkAppend, Fenced, RecordStatus, Renewal, Store};
+            let failing = || redis::Script::new("return redis.error_reply('a script ran')");
+            let scripts = super::Scripts {
+                complete: failing(),
+                renew: failing(),
+                release: failing(),
+                compare_and_set: if native {
+                    failing()
+                } else {
+                    redis::Script::new(super::COMPARE_AND_SET)
+                },
+                ..super::scripts()
+            };
+            let store = RedisStore {
+                scripts: std::sync::Arc::new(scripts),
+                ..store
+            };
+            let tenant = format!("native-{}", uuid::Uuid::new_v4().simple());
+            let (key, token) = claimed(&store, &tenant, 1).await;
+            let renewal = Renewal {
+                tenant: &tenant,
+                key,
+                token,
+                now: idem_core::clock::SystemClock.now(),
+                lease: std::time::Duration::from_secs(40),
+            };
+            assert_eq!(store.renew(renewal).await.expect("renew"), Fenced::Applied);
+            assert_eq!(
+                store.renew(renewal).await.expect("renew again"),
+                Fenced::Applied
+            );
+            let done = store
+                .complete(completion(&tenant, key, token))
+                .await
+                .expect("complete");
+            assert_eq!(done, Fenced::Applied);
+            let record = store
+                .lookup(&tenant, key)
+                .await
+                .expect("lookup")
+                .expect("a record");
+            assert_eq!(record.status, RecordStatus::Completed);
+            assert_eq!(record.result.as_deref(), Some(&b"{\"ok\":1}"[..]));
+            assert!(
+                record.lease_expires_at >= renewal.now + 40_000,
+                "the renewed lease"
+            );
+
+            let (key, token) = claimed(&store, &tenant, 2).await;
+            assert_eq!(
+                store.release(&tenant, key, token).await.expect("release"),
+                Fenced::Applied
+            );
+            assert_eq!(store.lookup(&tenant, key).await.expect("lookup"), None);
+            assert_eq!(store.written.len(), 0, "nothing kept past the settlements");
+
+            let (key, token) = claimed(&store, &tenant, 3).await;
+            let append = ChunkAppend {
+                tenant: &tenant,
+                key,
+                token,
+                first: 0,
+                chunks: &[b"chunk".to_vec()],
+            };
+            assert_eq!(
+                store.append_chunks(append).await.expect("append"),
+                Fenced::Applied
+            );
+            let full = store.complete(completion(&tenant, key, token)).await;
+            assert!(
+                full.is_err(),
+                "a call with chunks keeps its stream by the full script"
+            );
+        }
+    }
+    use settle::settlements_are_one_compare_and_set;
+
     /// The contract on a Valkey 9 server (`IDEM_TEST_VALKEY_URL`), which compares and sets on
     /// its own: the native path, and the scripts on the same server (`fencing=script`).
     mod valkey {
-        use idem_core::store::{
-            Claim, ClaimRequest, Completion, Fenced, RecordStatus, Renewal, Store,
-        };
+        use super::settle::{claimed, completion};
+        use idem_core::store::{Fenced, RecordStatus, Renewal, Store};
 
         async fn store_with(options: &str) -> Option<super::RedisStore> {
             let url = idem_core::store::conformance::test_server_url("IDEM_TEST_VALKEY_URL")?;
@@ -877,116 +922,12 @@ mod tests {
             idem_core::store_conformance_tests!(maybe: store());
         }
 
-        /// A claim of a new key on `store`, for `tenant`.
-        async fn claimed(
-            store: &super::RedisStore,
-            tenant: &str,
-            n: u32,
-        ) -> (
-            idem_core::key::IdempotencyKey,
-            idem_core::store::FencingToken,
-        ) {
-            use idem_core::clock::Clock as _;
-            let key = idem_core::key::derive_key(
-                tenant,
-                "tool",
-                &[idem_core::key::KeyPart::new(&n).unwrap()],
-            );
-            let claim = store
-                .claim(ClaimRequest {
-                    tenant,
-                    key,
-                    tool: "tool",
-                    fingerprint: idem_core::Fingerprint::from_bytes([7; 32]),
-                    now: idem_core::clock::SystemClock.now(),
-                    lease: std::time::Duration::from_secs(30),
-                    ttl: std::time::Duration::from_secs(60),
-                    orphans: idem_core::store::Orphans::TakeOver,
-                })
-                .await
-                .expect("claim");
-            let Claim::Acquired {
-                token,
-                takeover: false,
-            } = claim
-            else {
-                panic!("a new key is acquired: {claim:?}");
-            };
-            (key, token)
-        }
-
-        fn completion<'a>(
-            tenant: &'a str,
-            key: idem_core::key::IdempotencyKey,
-            token: idem_core::store::FencingToken,
-        ) -> Completion<'a> {
-            use idem_core::clock::Clock as _;
-            Completion {
-                tenant,
-                key,
-                token,
-                status: RecordStatus::Completed,
-                result: b"{\"ok\":1}",
-                now: idem_core::clock::SystemClock.now(),
-                ttl: std::time::Duration::from_secs(60),
-                notify: true,
-            }
-        }
-
-        /// The completion, the renewal and the release of a new key's claim send no script:
-        /// here every settlement script fails, and they still apply.
+        /// The completion, the renewal and the release of a new key's claim send no script at
+        /// all: the server compares and sets.
         #[tokio::test]
         async fn a_new_keys_settlements_are_the_servers_own_compare_and_set() {
-            use idem_core::clock::Clock as _;
             let Some(store) = store().await else { return };
-            let scripts = super::Scripts {
-                complete: redis::Script::new("return redis.error_reply('a script ran')"),
-                renew: redis::Script::new("return redis.error_reply('a script ran')"),
-                release: redis::Script::new("return redis.error_reply('a script ran')"),
-                ..super::scripts()
-            };
-            let store = super::RedisStore {
-                scripts: std::sync::Arc::new(scripts),
-                ..store
-            };
-            let tenant = format!("native-{}", uuid::Uuid::new_v4().simple());
-            let (key, token) = claimed(&store, &tenant, 1).await;
-            let renewal = Renewal {
-                tenant: &tenant,
-                key,
-                token,
-                now: idem_core::clock::SystemClock.now(),
-                lease: std::time::Duration::from_secs(40),
-            };
-            assert_eq!(store.renew(renewal).await.expect("renew"), Fenced::Applied);
-            assert_eq!(
-                store.renew(renewal).await.expect("renew again"),
-                Fenced::Applied
-            );
-            let done = store
-                .complete(completion(&tenant, key, token))
-                .await
-                .expect("complete");
-            assert_eq!(done, Fenced::Applied);
-            let record = store
-                .lookup(&tenant, key)
-                .await
-                .expect("lookup")
-                .expect("a record");
-            assert_eq!(record.status, RecordStatus::Completed);
-            assert_eq!(record.result.as_deref(), Some(&b"{\"ok\":1}"[..]));
-            assert!(
-                record.lease_expires_at >= renewal.now + 40_000,
-                "the renewed lease"
-            );
-
-            let (key, token) = claimed(&store, &tenant, 2).await;
-            assert_eq!(
-                store.release(&tenant, key, token).await.expect("release"),
-                Fenced::Applied
-            );
-            assert_eq!(store.lookup(&tenant, key).await.expect("lookup"), None);
-            assert_eq!(store.written.len(), 0, "nothing kept past the settlements");
+            super::settlements_are_one_compare_and_set(store, true).await;
         }
 
         /// A native write that finds another value than the one its claim wrote (here another

@@ -1,24 +1,24 @@
-//! Fenced writes by the server's own compare-and-set, where it has one: `SET … IFEQ` (Valkey
-//! 8.1 and later, Redis 8.4 and later) and `DELIFEQ` (Valkey 9). A write that compares the whole
-//! record with the one its claim wrote is fenced exactly as the scripts fence it (the token is in
-//! that value), and costs the server a plain `SET` instead of a script's `GET` and `SET`.
+//! Fenced writes as one compare-and-set of the whole record: by the server's own command where
+//! it has one, `SET … IFEQ` (Valkey 8.1 and later, Redis 8.4 and later) and `DELIFEQ` (Valkey
+//! 9), else by a four-line script that does the same (`COMPARE_AND_SET`). The record's value
+//! carries its token, so comparing it with the one the claim wrote fences the write exactly as
+//! the full scripts do, and costs the server a plain `SET` (or the script's `GET` and `SET`)
+//! instead of the full script's upkeep of streams and blobs.
 //!
-//! | operation | native, when | else |
+//! | operation | compare-and-set, when | else |
 //! |---|---|---|
-//! | completion | the store holds the record's value as its claim (or its last renewal) wrote it, the call appended no chunks, the result is not a blob: `SET KEY NEW IFEQ OLD PX TTL`, and the `PUBLISH` of an announced completion in the same pipeline | the completion script |
-//! | renewal | the same, and the record outlives the new lease: `SET KEY NEW IFEQ OLD KEEPTTL` | the renewal script |
-//! | release | the same, and the server has `DELIFEQ`: `DELIFEQ KEY OLD`, and the `PUBLISH` | the release script |
-//! | a native write that finds another value | | the script decides, on the record as it is |
+//! | completion | the store holds the record's value as its claim (or its last renewal) wrote it, the call appended no chunks, the result is not a blob: `SET KEY NEW IFEQ OLD PX TTL`, and the `PUBLISH` of an announced completion in the same pipeline | the full completion script |
+//! | renewal | the same, and the record outlives the new lease: `SET KEY NEW IFEQ OLD KEEPTTL` | the full renewal script |
+//! | release | the same: `DELIFEQ KEY OLD`, and the `PUBLISH` | the full release script |
+//! | a compare-and-set that finds another value | | the full script decides, on the record as it is |
 //!
 //! The store knows a record's exact value only when its claim wrote it whole: a new key's
 //! record (a takeover keeps the orphan's expiry and creation time, which the claim did not
 //! read). It keeps that value, per key and token, from the claim to the settlement
 //! ([`Written`]); a claim taken over, a batch's, a call that streams, or a value the store let go
-//! of settle by script. On a server without the commands, the kept value says the same of the
-//! claim (a new key's, nothing written beside its record), and its completion and release take
-//! the plain scripts (`COMPLETE_PLAIN`, `RELEASE_PLAIN`: no stream or blob to keep up). A native write that does not apply hands over to the script, which
-//! tells a second delivery of this very write (applied), a token that lost the key, and a record
-//! an operator or a blocked claim changed meanwhile, as it always has.
+//! of settle by the full scripts. A compare-and-set that does not apply hands over to the full
+//! script, which tells a second delivery of this very write (applied), a token that lost the
+//! key, and a record an operator or a blocked claim changed meanwhile, as it always has.
 //!
 //! The server is probed once, when the store opens (never by its name or version: Valkey
 //! reports `redis_version:7.2.4`): `SET PREFIX:probe x IFEQ x` and `DELIFEQ PREFIX:probe x` on
@@ -57,7 +57,8 @@ pub(crate) async fn probe(conn: &Connection, prefix: &str) -> Fencing {
     Fencing { set, delete }
 }
 
-/// What the server compares and sets on its own (see the module docs).
+/// What the server compares and sets on its own (see the module docs); the rest is the
+/// compare-and-set script's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Fencing {
     /// `SET … IFEQ`: completions and renewals.
@@ -74,7 +75,7 @@ impl Fencing {
             (true, false) => {
                 "the server's compare-and-set (SET … IFEQ); releases by Lua script".into()
             }
-            _ => "Lua scripts (a compare-and-set in each)".into(),
+            _ => "Lua scripts (a compare-and-set script for a new key's claim)".into(),
         }
     }
 }

@@ -210,35 +210,22 @@ return 1
 "
 );
 
-/// [`COMPLETE`] of a new key's claim that wrote nothing beside its record (no chunks; the
-/// result not a blob): the same decisions, without the stream's and the blobs' upkeep (a
-/// `PEXPIRE` and an `HGET` of a stream that does not exist) or their functions. ARGV: as
-/// [`COMPLETE`]'s, without the hash.
-pub(super) const COMPLETE_PLAIN: &str = r"
-local k, token, result, status = KEYS[1], ARGV[1], ARGV[2], ARGV[5]
-local v = redis.call('GET', k)
-if not v or string.sub(v, 82, 100) ~= token then return 0 end
-local head = 104 + tonumber(string.sub(v, 101, 104))
-if string.sub(v, 33, 33) ~= 'i' then
-  if string.sub(v, 33, 33) == status and string.sub(v, head + 1) == result then return 1 end
-  return 0
-end
-redis.call('SET', k, string.sub(v, 1, 32) .. status .. ARGV[3] .. string.sub(v, 50, head) .. result,
-  'PX', ARGV[4])
-if ARGV[6] ~= '' then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
-return 1
-";
-
-/// [`RELEASE`] of a new key's claim that appended no chunks: no stream to drop. ARGV: as
-/// [`RELEASE`]'s.
-pub(super) const RELEASE_PLAIN: &str = r"
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 33, 33) == 'i' and string.sub(v, 82, 100) == ARGV[1] then
+/// The server's `SET … IFEQ` and `DELIFEQ`, where it has none: the record at KEYS[1] is
+/// replaced or deleted only if it is still exactly ARGV[1] (the value the claim wrote, its token
+/// among it). ARGV: that value, the new one, its TTL in ms (empty: kept), `d` to delete instead,
+/// the channel to announce on (empty: none) and the notice. 1: applied, 0: the record is
+/// another (the caller hands over to the full script).
+pub(super) const COMPARE_AND_SET: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[4] == 'd' then
   redis.call('DEL', KEYS[1])
-  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
-  return 1
+elseif ARGV[3] == '' then
+  redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 end
-return 0
+if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
+return 1
 ";
 
 /// The renewal of one key, as a Lua function (the body of [`RENEW`] and [`RENEW_BATCH`]):
