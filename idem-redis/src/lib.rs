@@ -91,6 +91,7 @@ mod admin;
 mod claim;
 mod connection;
 mod driver;
+mod layout;
 mod native;
 mod notices;
 mod options;

@@ -32,7 +32,7 @@ use idem_core::key::IdempotencyKey;
 use idem_core::store::{FencingToken, UnixMillis};
 
 use super::connection::Connection;
-use super::record::layout;
+use super::layout;
 
 /// Probes what the server compares and sets on its own, on a key under `prefix` that does not
 /// exist (so nothing is written): a server without the command answers an error.

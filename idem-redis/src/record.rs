@@ -13,17 +13,9 @@ use idem_core::store::{FencingToken, Record, RecordStatus};
 /// chunks a stream keeps as blobs, `b0`, `b1`, … and `bl` in its hash).
 pub const SCHEMA_VERSION: u32 = 4;
 
-/// Offsets of the record layout (see the module docs).
-pub(super) mod layout {
-    pub const FINGERPRINT: std::ops::Range<usize> = 0..32;
-    pub const STATUS: usize = 32;
-    pub const EXPIRES: std::ops::Range<usize> = 33..49;
-    pub const LEASE: std::ops::Range<usize> = 49..65;
-    pub const CREATED: std::ops::Range<usize> = 65..81;
-    pub const TOKEN: std::ops::Range<usize> = 81..100;
-    pub const TOOL_LEN: std::ops::Range<usize> = 100..104;
-    pub const HEADER: usize = 104;
-}
+/// Offsets of the record layout (a leaf module of its own, so that the native writes can
+/// cut records without naming this file, which names the store).
+pub(super) use super::layout;
 
 /// Whether a record as `GET` found it keeps its result in a blob (status `b`): only the scripts
 /// read it whole.

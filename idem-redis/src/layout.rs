@@ -1,0 +1,12 @@
+//! Offsets of a record's fixed-width header, as the crate docs lay the record out (1-based
+//! there, 0-based ranges here): the fingerprint, the status, the expiry, the lease's expiry, the
+//! creation time, the token and the length of the tool name, then the name.
+
+pub(crate) const FINGERPRINT: std::ops::Range<usize> = 0..32;
+pub(crate) const STATUS: usize = 32;
+pub(crate) const EXPIRES: std::ops::Range<usize> = 33..49;
+pub(crate) const LEASE: std::ops::Range<usize> = 49..65;
+pub(crate) const CREATED: std::ops::Range<usize> = 65..81;
+pub(crate) const TOKEN: std::ops::Range<usize> = 81..100;
+pub(crate) const TOOL_LEN: std::ops::Range<usize> = 100..104;
+pub(crate) const HEADER: usize = 104;
