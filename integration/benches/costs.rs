@@ -28,7 +28,8 @@ mod raw;
 mod support;
 
 use raw::{Raw, RawRedis};
-use support::{RawArgs, among_callers, payment_json, raw_key, register_payment, runtime};
+use support::raw_sqlite::{self, GROUP};
+use support::{among_callers, register_payment, runtime};
 
 /// A tenant of this run only.
 fn run_tenant() -> String {
@@ -167,24 +168,13 @@ fn main() {
 
 /// 64 callers of idem on SQLite against the raw group-commit ceiling, in turn.
 fn sqlite(path: &str) {
-    const GROUP: u64 = 64;
     let calls = setting("COSTS_CALLS", 20_000) / GROUP * GROUP;
     let rt = runtime();
     let scope = rt
         .block_on(Idem::open(&format!("sqlite://{path}")))
         .expect("open")
         .scope("tenant-a");
-    let raw = rusqlite::Connection::open(format!("{path}.raw")).expect("open");
-    raw.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;
-         CREATE TABLE IF NOT EXISTS raw (
-            tenant TEXT NOT NULL, key BLOB NOT NULL, fingerprint BLOB NOT NULL,
-            status TEXT NOT NULL, token INTEGER NOT NULL, lease_expires_at INTEGER NOT NULL,
-            created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, result BLOB,
-            PRIMARY KEY (tenant, key)) WITHOUT ROWID;
-         CREATE INDEX IF NOT EXISTS raw_expires_at ON raw (expires_at);",
-    )
-    .expect("schema");
+    let raw = raw_sqlite::connection(std::path::Path::new(&format!("{path}.raw")));
     let next = Arc::new(AtomicU64::new(0));
     // `COSTS_SIDE=idem` or `raw`: one side alone (for `strace -c` of its system calls).
     let side = std::env::var("COSTS_SIDE").unwrap_or_default();
@@ -192,7 +182,7 @@ fn sqlite(path: &str) {
         let scope = scope.clone();
         if side == "raw" {
             for group in 0..calls / GROUP {
-                raw_group_commit(&raw, (round << 32) + group * GROUP, GROUP);
+                raw_sqlite::group_commit(&raw, (round << 32) + group * GROUP);
             }
             continue;
         }
@@ -213,7 +203,7 @@ fn sqlite(path: &str) {
         }
         let start = Instant::now();
         for group in 0..calls / GROUP {
-            raw_group_commit(&raw, (round << 32) + group * GROUP, GROUP);
+            raw_sqlite::group_commit(&raw, (round << 32) + group * GROUP);
         }
         let theirs = start.elapsed().as_secs_f64();
         println!(
@@ -223,40 +213,4 @@ fn sqlite(path: &str) {
             theirs / ours
         );
     }
-}
-
-/// The claims of `size` calls from `first` in one transaction, their completions in another.
-fn raw_group_commit(conn: &rusqlite::Connection, first: u64, size: u64) {
-    conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
-    for n in first..first + size {
-        conn.prepare_cached(
-            "INSERT INTO raw VALUES ('tenant-a', ?1, ?2, 'in_flight', ?3, 30000, 0, ?4, NULL)",
-        )
-        .expect("prepare")
-        .execute(rusqlite::params![
-            &raw_key("tenant-a", n)[..],
-            &RawArgs::payment("run-1", n).fingerprint()[..],
-            n as i64,
-            86_400_000 + n as i64
-        ])
-        .expect("insert");
-    }
-    conn.execute_batch("COMMIT; BEGIN IMMEDIATE")
-        .expect("commit");
-    for n in first..first + size {
-        conn.prepare_cached(
-            "UPDATE raw SET status = 'completed', result = ?3, expires_at = ?5 \
-             WHERE tenant = ?1 AND key = ?2 AND token = ?4",
-        )
-        .expect("prepare")
-        .execute(rusqlite::params![
-            "tenant-a",
-            &raw_key("tenant-a", n)[..],
-            payment_json(n),
-            n as i64,
-            86_400_000 + n as i64
-        ])
-        .expect("update");
-    }
-    conn.execute_batch("COMMIT").expect("commit");
 }

@@ -31,6 +31,7 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use idem::Idem;
 use rusqlite::{Connection, params};
+use support::raw_sqlite::{self, GROUP};
 use support::{
     Payment, RawArgs, Spread, alternating, alternating_in, criterion_dir, median_ns, payment_json,
     ratio_row as row, raw_key, register_payment, runtime, wanted,
@@ -43,22 +44,6 @@ fn bench_dir() -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("bench dir");
     dir
-}
-
-/// The hand-written store: the same table, index and durability as idem's, no idem.
-fn raw_connection(path: &Path) -> Connection {
-    let conn = Connection::open(path).expect("open");
-    conn.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;
-         CREATE TABLE IF NOT EXISTS raw (
-            tenant TEXT NOT NULL, key BLOB NOT NULL, fingerprint BLOB NOT NULL,
-            status TEXT NOT NULL, token INTEGER NOT NULL, lease_expires_at INTEGER NOT NULL,
-            created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, result BLOB,
-            PRIMARY KEY (tenant, key)) WITHOUT ROWID;
-         CREATE INDEX IF NOT EXISTS raw_expires_at ON raw (expires_at);",
-    )
-    .expect("schema");
-    conn
 }
 
 fn replay(
@@ -104,7 +89,7 @@ fn replay(
         })
     });
 
-    let conn = raw_connection(&dir.join("replay-raw.db"));
+    let conn = raw_sqlite::connection(&dir.join("replay-raw.db"));
     let key = raw_key("tenant-a", 7);
     conn.execute(
         "INSERT INTO raw VALUES ('tenant-a', ?1, ?2, 'completed', 1, 0, 0, 0, ?3)",
@@ -182,7 +167,7 @@ fn replay_working_set(
         }
         calls.join_all().await;
     });
-    let conn = raw_connection(&dir.join("working-set-raw.db"));
+    let conn = raw_sqlite::connection(&dir.join("working-set-raw.db"));
     conn.execute_batch("BEGIN").expect("begin");
     for n in 0..largest {
         conn.execute(
@@ -296,10 +281,10 @@ fn fresh(
         })
     });
 
-    let conn = raw_connection(&dir.join("fresh-raw.db"));
+    let conn = raw_sqlite::connection(&dir.join("fresh-raw.db"));
     let raw_next = AtomicU64::new(0);
     group.bench_function("raw_insert_update", |b| {
-        b.iter(|| raw_two_writes(&conn, raw_next.fetch_add(1, Ordering::Relaxed)))
+        b.iter(|| raw_sqlite::two_writes(&conn, raw_next.fetch_add(1, Ordering::Relaxed)))
     });
     group.finish();
     if wanted("fresh") {
@@ -314,42 +299,11 @@ fn fresh(
             }
         };
         let theirs = || {
-            raw_two_writes(&conn, step.fetch_add(1, Ordering::Relaxed));
+            raw_sqlite::two_writes(&conn, step.fetch_add(1, Ordering::Relaxed));
             std::future::ready(())
         };
         alternated.push(("fresh", support::alternating_in(rt, 51, 40, ours, theirs)));
     }
-}
-
-/// A hand-written store's fresh call `n`: INSERT `in_flight` with the arguments' fingerprint,
-/// then UPDATE `completed` with the result, each its own durable commit.
-fn raw_two_writes(conn: &Connection, n: u64) {
-    // Keys hashed as a hand-written store would (random B-tree positions, like idem's).
-    let key = raw_key("tenant-a", n);
-    conn.prepare_cached(
-        "INSERT INTO raw VALUES ('tenant-a', ?1, ?2, 'in_flight', ?3, 30000, 0, ?4, NULL)",
-    )
-    .expect("prepare")
-    .execute(params![
-        &key[..],
-        &RawArgs::payment("run-1", n).fingerprint()[..],
-        n as i64,
-        86_400_000 + n as i64
-    ])
-    .expect("insert");
-    conn.prepare_cached(
-        "UPDATE raw SET status = 'completed', result = ?3, expires_at = ?5 \
-         WHERE tenant = ?1 AND key = ?2 AND token = ?4",
-    )
-    .expect("prepare")
-    .execute(params![
-        "tenant-a",
-        &key[..],
-        payment_json(n),
-        n as i64,
-        86_400_000 + n as i64
-    ])
-    .expect("update");
 }
 
 /// The benchmarked tool of `renewal`: like `register_payment`, but its body yields once, as any
@@ -447,52 +401,8 @@ fn fresh_concurrent(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime)
     );
 }
 
-/// Calls a perfect group commit shares: the concurrent callers of the ceiling below.
-const GROUP: u64 = 64;
-
-/// The ceiling of group commit: a hand-written store that batches its callers perfectly, the
-/// claims of [`GROUP`] calls in one durable transaction and their completions in another (the
-/// same rows as idem's: INSERT `in_flight`, then UPDATE `completed`, so two commits in each
-/// call's life), on one connection, with no waiting between them.
-fn raw_group_commit(conn: &Connection, first: u64) {
-    conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
-    for n in first..first + GROUP {
-        let key = raw_key("tenant-a", n);
-        conn.prepare_cached(
-            "INSERT INTO raw VALUES ('tenant-a', ?1, ?2, 'in_flight', ?3, 30000, 0, ?4, NULL)",
-        )
-        .expect("prepare")
-        .execute(params![
-            &key[..],
-            &RawArgs::payment("run-1", n).fingerprint()[..],
-            n as i64,
-            86_400_000 + n as i64
-        ])
-        .expect("insert");
-    }
-    conn.execute_batch("COMMIT; BEGIN IMMEDIATE")
-        .expect("commit");
-    for n in first..first + GROUP {
-        let key = raw_key("tenant-a", n);
-        conn.prepare_cached(
-            "UPDATE raw SET status = 'completed', result = ?3, expires_at = ?5 \
-             WHERE tenant = ?1 AND key = ?2 AND token = ?4",
-        )
-        .expect("prepare")
-        .execute(params![
-            "tenant-a",
-            &key[..],
-            payment_json(n),
-            n as i64,
-            86_400_000 + n as i64
-        ])
-        .expect("update");
-    }
-    conn.execute_batch("COMMIT").expect("commit");
-}
-
-/// idem's fresh calls with [`GROUP`] callers against the group-commit ceiling
-/// ([`raw_group_commit`]): criterion's rate of the ceiling, and the two timed in alternation,
+/// idem's fresh calls with [`GROUP`](raw_sqlite::GROUP) callers against the group-commit ceiling
+/// ([`raw_sqlite::group_commit`]): criterion's rate of the ceiling, and the two timed in alternation,
 /// blocks of 640 calls a side.
 fn group_commit(
     c: &mut Criterion,
@@ -500,21 +410,21 @@ fn group_commit(
     rt: &tokio::runtime::Runtime,
     alternated: &mut Vec<(&'static str, Spread)>,
 ) {
-    let conn = raw_connection(&dir.join("group-raw.db"));
+    let conn = raw_sqlite::connection(&dir.join("group-raw.db"));
     let next = std::sync::Arc::new(AtomicU64::new(1 << 40));
     let mut group = c.benchmark_group("fresh_concurrent");
     group.throughput(Throughput::Elements(GROUP));
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(8));
     group.bench_function(BenchmarkId::new("raw_group_commit", GROUP), |b| {
-        b.iter(|| raw_group_commit(&conn, next.fetch_add(GROUP, Ordering::Relaxed)))
+        b.iter(|| raw_sqlite::group_commit(&conn, next.fetch_add(GROUP, Ordering::Relaxed)))
     });
     group.finish();
     if !wanted("fresh_concurrent") {
         return;
     }
     // Both sides from empty files of their own, growing by the same calls.
-    let conn = raw_connection(&dir.join("group-raw-alternated.db"));
+    let conn = raw_sqlite::connection(&dir.join("group-raw-alternated.db"));
     let idem = rt
         .block_on(Idem::open(&format!(
             "sqlite://{}",
@@ -532,7 +442,7 @@ fn group_commit(
     let ceiling = |calls: u64| {
         let start = std::time::Instant::now();
         for _ in 0..calls / GROUP {
-            raw_group_commit(&conn, next.fetch_add(GROUP, Ordering::Relaxed));
+            raw_sqlite::group_commit(&conn, next.fetch_add(GROUP, Ordering::Relaxed));
         }
         std::future::ready(start.elapsed())
     };

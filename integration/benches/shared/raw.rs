@@ -237,16 +237,7 @@ impl RawRedis {
         let fingerprint = RawArgs::payment("run-1", n).fingerprint();
         let mut claim = fingerprint.to_vec();
         claim.extend(format!("{n:019}").bytes());
-        let claimed: Option<String> = redis::cmd("SET")
-            .arg(&key)
-            .arg(&claim)
-            .arg("NX")
-            .arg("PX")
-            .arg(86_400_000)
-            .query_async(&mut conn)
-            .await
-            .expect("set nx");
-        assert!(claimed.is_some());
+        claim_new(&mut conn, &key, &claim).await;
         let mut value = fingerprint.to_vec();
         value.extend(payment_json(n));
         let applied: i64 = self
@@ -260,6 +251,20 @@ impl RawRedis {
             .expect("compare and set");
         assert_eq!(applied, 1);
     }
+}
+
+/// The claim of a raw baseline's new key: `SET NX PX` of `value`, which must write.
+async fn claim_new(conn: &mut redis::aio::MultiplexedConnection, key: &str, value: &[u8]) {
+    let claimed: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(86_400_000)
+        .query_async(conn)
+        .await
+        .expect("set nx");
+    assert!(claimed.is_some());
 }
 
 impl Raw for RawRedis {
@@ -278,16 +283,7 @@ impl Raw for RawRedis {
         let key = format!("idem-bench-raw:{}:{}", self.tenant, n + 1_000);
         let mut conn = self.conn.clone();
         let fingerprint = RawArgs::payment("run-1", n).fingerprint();
-        let claimed: Option<String> = redis::cmd("SET")
-            .arg(&key)
-            .arg(&fingerprint[..])
-            .arg("NX")
-            .arg("PX")
-            .arg(86_400_000)
-            .query_async(&mut conn)
-            .await
-            .expect("set nx");
-        assert!(claimed.is_some());
+        claim_new(&mut conn, &key, &fingerprint).await;
         let mut value = fingerprint.to_vec();
         value.extend(payment_json(n));
         let _: () = redis::cmd("SET")

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use idem::idempotent;
 use serde::{Deserialize, Serialize};
 
+pub mod raw_sqlite;
+
 /// What the benchmarked tool returns.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Payment {
