@@ -89,7 +89,16 @@ const PRUNE_FROM: usize = 4_096;
 /// The values the store wrote for the claims it holds, by key and token (see the module docs).
 #[derive(Default)]
 pub(crate) struct Written {
-    held: Mutex<HashMap<(IdempotencyKey, FencingToken), Held>>,
+    held: Mutex<Kept>,
+}
+
+/// The values, and the size at which [`Written::keep`] next drops those whose lease lapsed.
+#[derive(Default)]
+struct Kept {
+    values: HashMap<(IdempotencyKey, FencingToken), Held>,
+    /// [`PRUNE_FROM`], or twice what a pruning left (0 before the first): each entry pays for
+    /// at most a couple of scans, however many claims are live at once.
+    prune_at: usize,
 }
 
 /// A record's value as the store last wrote it, and when that value's lease lapses.
@@ -99,7 +108,7 @@ struct Held {
 }
 
 impl Written {
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<(IdempotencyKey, FencingToken), Held>> {
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
         self.held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -115,12 +124,13 @@ impl Written {
         now: UnixMillis,
     ) {
         let lease_expires_at = lease_of(&value);
-        let mut held = self.held();
-        if held.len() >= PRUNE_FROM {
-            held.retain(|_, h| h.lease_expires_at > now);
+        let mut kept = self.kept();
+        if kept.values.len() >= kept.prune_at.max(PRUNE_FROM) {
+            kept.values.retain(|_, h| h.lease_expires_at > now);
+            kept.prune_at = kept.values.len() * 2;
         }
-        if held.len() < MOST_HELD {
-            held.insert(
+        if kept.values.len() < MOST_HELD {
+            kept.values.insert(
                 (key, token),
                 Held {
                     value,
@@ -132,19 +142,19 @@ impl Written {
 
     /// The value of `key` under `token`, let go of: its settlement is under way.
     pub(crate) fn take(&self, key: IdempotencyKey, token: FencingToken) -> Option<Vec<u8>> {
-        self.held().remove(&(key, token)).map(|h| h.value)
+        self.kept().values.remove(&(key, token)).map(|h| h.value)
     }
 
     /// Lets go of the value of `key` under `token`: it is no longer the record's, or the
     /// record's settlement must be a script's (chunks were appended).
     pub(crate) fn forget(&self, key: IdempotencyKey, token: FencingToken) {
-        self.held().remove(&(key, token));
+        self.kept().values.remove(&(key, token));
     }
 
     /// How many values are kept.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.held().len()
+        self.kept().values.len()
     }
 }
 
