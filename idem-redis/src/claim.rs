@@ -4,9 +4,10 @@
 
 use redis::Value;
 
+use super::connection::{command, first_reply};
 use super::driver::{
-    BACKEND, again_if_broken, corrupt, int, millis_arg, redis_error, time_arg, time_bound,
-    token_arg,
+    BACKEND, again_if_broken, corrupt, int, millis_arg, push_padded, redis_error, time_arg,
+    time_bound, token_arg,
 };
 use super::native;
 use super::record::{SCHEMA_VERSION, decode_record, in_blob, layout};
@@ -25,20 +26,14 @@ use idem_core::{StoreError, StoreErrorKind};
 /// the expiry, the lease's expiry and the creation time (16 digits each), the token (19), the
 /// tool name's length (4) and the name, in one buffer.
 fn new_record(req: &ClaimRequest<'_>, token: FencingToken) -> Vec<u8> {
-    use std::io::Write as _;
     let mut new = Vec::with_capacity(layout::HEADER + req.tool.len());
     new.extend_from_slice(req.fingerprint.as_bytes());
     new.push(b'i');
-    write!(
-        new,
-        "{:016}{:016}{:016}{:019}{:04}",
-        time_bound(after(req.now, req.ttl)),
-        time_bound(after(req.now, req.lease)),
-        time_bound(req.now),
-        token.get(),
-        req.tool.len(),
-    )
-    .expect("writing to a Vec cannot fail");
+    push_padded(&mut new, time_bound(after(req.now, req.ttl)), 16);
+    push_padded(&mut new, time_bound(after(req.now, req.lease)), 16);
+    push_padded(&mut new, time_bound(req.now), 16);
+    push_padded(&mut new, token.get(), 19);
+    push_padded(&mut new, req.tool.len() as u64, 4);
     new.extend_from_slice(req.tool.as_bytes());
     new
 }
@@ -160,31 +155,19 @@ impl RedisStore {
                 .await?;
             return Ok(applied == 1);
         }
-        let mut pipeline = redis::pipe();
-        match new {
-            Some((new, ttl)) => {
-                let set = pipeline
-                    .cmd("SET")
-                    .arg(record)
-                    .arg(new)
-                    .arg("IFEQ")
-                    .arg(old);
-                match ttl {
-                    Some(ttl) => set.arg("PX").arg(ttl),
-                    None => set.arg("KEEPTTL"),
-                };
-            }
-            None => {
-                pipeline.cmd("DELIFEQ").arg(record).arg(old);
-            }
-        }
-        if !channel.is_empty() {
-            pipeline.cmd("PUBLISH").arg(channel).arg(notice).ignore();
-        }
-        let pipeline = &pipeline;
-        let (answer,): (Value,) = again_if_broken(op, || {
-            let mut conn = self.conn.clone();
-            async move { pipeline.query_async(&mut conn).await }
+        let record = record.as_bytes();
+        let answer = again_if_broken(op, || {
+            let write = match new {
+                Some((new, Some(ttl))) => {
+                    command(&[b"SET", record, new, b"IFEQ", old, b"PX", ttl.as_bytes()])
+                }
+                Some((new, None)) => command(&[b"SET", record, new, b"IFEQ", old, b"KEEPTTL"]),
+                None => command(&[b"DELIFEQ", record, old]),
+            };
+            let notice = (!channel.is_empty())
+                .then(|| command(&[b"PUBLISH", channel.as_bytes(), notice.as_bytes()]));
+            let conn = &self.conn;
+            async move { first_reply(conn.send(std::iter::once(write).chain(notice)).await?) }
         })
         .await?;
         Ok(match answer {
@@ -261,19 +244,18 @@ impl Store for RedisStore {
                 let ttl = millis_arg(req.ttl);
                 let record = self.record_key(req.tenant, &req.key);
                 if self.set_nx_get {
-                    let mut set = redis::cmd("SET");
-                    set.arg(&record)
-                        .arg(&new)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(&ttl)
-                        .arg("GET");
-                    let set = &set;
-                    let found: Option<Vec<u8>> = again_if_broken(OP, || {
-                        let mut conn = self.conn.clone();
-                        async move { set.query_async(&mut conn).await }
+                    let found = again_if_broken(OP, || {
+                        let (record, ttl) = (record.as_bytes(), ttl.as_bytes());
+                        let set = command(&[b"SET", record, &new, b"NX", b"PX", ttl, b"GET"]);
+                        let conn = &self.conn;
+                        async move { first_reply(conn.send([set]).await?) }
                     })
                     .await?;
+                    let found = match found {
+                        Value::Nil => None,
+                        Value::BulkString(found) => Some(found),
+                        _ => return Err(corrupt(OP, "the server answered something unexpected")),
+                    };
                     let Some(found) = found else {
                         let claim = Claim::Acquired {
                             token,
@@ -331,18 +313,15 @@ impl Store for RedisStore {
 
     fn complete<'a>(&'a self, c: Completion<'a>) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let token = token_arg(c.token);
             let expires_at = time_arg(after(c.now, c.ttl));
             let ttl = millis_arg(c.ttl);
             let (channel, notice) = self.announcement(&c.key, c.notify);
-            let hash = blob::stored_apart(c.status, c.result, self.blob_threshold)
-                .map(|h| h.to_hex())
-                .unwrap_or_default();
+            let apart = blob::stored_apart(c.status, c.result, self.blob_threshold);
             // A new key's claim that wrote nothing else: one compare-and-set of its record.
             let held = self
                 .written
                 .take(c.key, c.token)
-                .filter(|_| hash.is_empty());
+                .filter(|_| apart.is_none());
             let record = self.record_key(c.tenant, &c.key);
             let swapped = match held {
                 Some(held) => {
@@ -357,6 +336,8 @@ impl Store for RedisStore {
             let applied: i64 = if swapped {
                 1
             } else {
+                let token = token_arg(c.token);
+                let hash = apart.map(|h| h.to_hex()).unwrap_or_default();
                 self.invoke(
                     "complete",
                     &self.scripts.complete,

@@ -145,6 +145,13 @@ impl Connection {
         if let Some(live) = self.current() {
             return Ok(live);
         }
+        // Boxed: opening a connection is a future of kilobytes, which every request's future
+        // would otherwise carry (and copy) for this rare path.
+        Box::pin(self.reopen()).await
+    }
+
+    /// Opens a new connection in place of the one thrown away (see [`Connection::live`]).
+    async fn reopen(&self) -> RedisResult<(u64, Live)> {
         let tried = self.shared.attempts.load(Ordering::Acquire);
         let _one_at_a_time = self.shared.reconnecting.lock().await;
         if let Some(live) = self.current() {
@@ -189,34 +196,53 @@ impl Connection {
         }
     }
 
+    /// Sends `commands` (at most three), tagged, and returns each one's reply, an error reply
+    /// as [`Value::ServerError`] (as `query_async` would not): the store's own requests on its
+    /// hot path, which build their commands for this and give them up, so nothing is copied.
+    pub(super) async fn send(
+        &self,
+        commands: impl IntoIterator<Item = Cmd>,
+    ) -> RedisResult<Vec<Value>> {
+        let mut pipeline = Pipeline::with_capacity(4);
+        for cmd in commands {
+            pipeline.add_command(cmd);
+        }
+        let count = pipeline.len();
+        self.tagged(pipeline, count, None).await
+    }
+
     /// Sends the `count` commands of `pipeline` with `ECHO <tag>` after them, on `route` when
-    /// given (a cluster), and returns their replies once the last is the tag.
+    /// given (a cluster), and returns their replies once the last is the tag. The tag is the
+    /// number's eight bytes as they are (`ECHO` sends back any bytes): nothing to format.
     async fn tagged(
         &self,
         mut pipeline: Pipeline,
         count: usize,
         route: Option<Route>,
     ) -> RedisResult<Vec<Value>> {
-        let tag = self.shared.tags.fetch_add(1, Ordering::Relaxed).to_string();
-        pipeline.cmd("ECHO").arg(&tag);
+        let tag = self
+            .shared
+            .tags
+            .fetch_add(1, Ordering::Relaxed)
+            .to_le_bytes();
+        pipeline.add_command(command(&[b"ECHO", &tag]));
         let (generation, live) = self.live().await?;
         let sent = match (live, route) {
+            // Boxed, as the cluster's own requests are: a future of kilobytes otherwise.
             (Live::Cluster(mut conn), Some(route)) => {
-                conn.route_pipeline(
+                Box::pin(conn.route_pipeline(
                     pipeline,
                     0,
                     count + 1,
                     SingleNodeRoutingInfo::SpecificNode(route),
-                )
+                ))
                 .await
             }
             (mut live, _) => live.req_packed_commands(&pipeline, 0, count + 1).await,
         };
         let mut replies = sent.inspect_err(|e| self.judge(generation, e))?;
         match replies.pop() {
-            Some(Value::BulkString(echo)) if echo == tag.as_bytes() && replies.len() == count => {
-                Ok(replies)
-            }
+            Some(Value::BulkString(echo)) if echo == tag && replies.len() == count => Ok(replies),
             _ => {
                 self.discard(generation);
                 Err(out_of_order_error())
@@ -294,6 +320,25 @@ fn out_of_order_error() -> RedisError {
         std::io::ErrorKind::InvalidData,
         OUT_OF_ORDER,
     ))
+}
+
+/// The command `args` spell (its name first), its buffers sized once: built an argument at a
+/// time, a command grows them several times over.
+pub(super) fn command(args: &[&[u8]]) -> Cmd {
+    let mut cmd = Cmd::with_capacity(args.len(), args.iter().map(|arg| arg.len()).sum());
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+/// The reply to the first command [`Connection::send`] sent, an error reply as an error.
+pub(super) fn first_reply(replies: Vec<Value>) -> RedisResult<Value> {
+    replies
+        .into_iter()
+        .next()
+        .ok_or_else(out_of_order_error)?
+        .extract_error()
 }
 
 /// A pipeline of `cmd` alone.

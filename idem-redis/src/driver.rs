@@ -68,9 +68,50 @@ pub(crate) fn corrupt(op: &str, what: &str) -> StoreError {
     StoreError::new(BACKEND, StoreErrorKind::Corrupt, format!("{op}: {what}"))
 }
 
+/// Appends `n` in decimal, zero-padded to `width` digits (`format!("{n:0width$}")` without the
+/// formatter: records are spelled on every claim and completion, and the formatter's padding
+/// costs several times these few steps of two digits each).
+pub(crate) fn push_padded(out: &mut Vec<u8>, n: u64, width: usize) {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+                                2021222324252627282930313233343536373839\
+                                4041424344454647484950515253545556575859\
+                                6061626364656667686970717273747576777879\
+                                8081828384858687888990919293949596979899";
+    let mut digits = [b'0'; 24];
+    let (mut rest, mut start) = (n, digits.len());
+    while rest >= 100 {
+        let pair = usize::try_from(rest % 100).expect("below 100") * 2;
+        rest /= 100;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if rest >= 10 {
+        let pair = usize::try_from(rest).expect("below 100") * 2;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        start -= 1;
+        digits[start] = b'0' + rest as u8;
+    }
+    // The zeros in front are already there, up to the buffer's width.
+    let from = start.min(digits.len().saturating_sub(width));
+    out.extend(std::iter::repeat_n(
+        b'0',
+        width.saturating_sub(digits.len()),
+    ));
+    out.extend_from_slice(&digits[from..]);
+}
+
+/// `n` zero-padded to `width` digits, as [`push_padded`] spells it.
+fn padded(n: u64, width: usize) -> String {
+    let mut out = Vec::with_capacity(20);
+    push_padded(&mut out, n, width);
+    String::from_utf8(out).expect("decimal digits are ASCII")
+}
+
 /// A time as the record lays it out: 16 digits, below 2^53 so that Lua compares it exactly.
 pub(crate) fn time_arg(t: UnixMillis) -> String {
-    format!("{:016}", time_bound(t))
+    padded(time_bound(t), 16)
 }
 
 /// A time bounded below 2^53 (see [`time_arg`]).
@@ -80,11 +121,13 @@ pub(crate) fn time_bound(t: UnixMillis) -> UnixMillis {
 
 /// A token as the record lays it out: 19 digits.
 pub(crate) fn token_arg(token: FencingToken) -> String {
-    format!("{:019}", token.get())
+    padded(token.get(), 19)
 }
 
+/// A duration in whole milliseconds, at least 1 and below 2^53 (as `PX` and the scripts read it).
 pub(crate) fn millis_arg(d: Duration) -> String {
-    d.as_millis().clamp(1, 1 << 53).to_string()
+    let millis = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    padded(millis.clamp(1, 1 << 53), 1)
 }
 
 pub(crate) fn int(op: &str, v: &Value) -> Result<i64, StoreError> {
@@ -110,4 +153,32 @@ where
         other => other,
     }
     .map_err(|e| redis_error(op, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{millis_arg, push_padded, time_arg, token_arg};
+    use idem_core::store::FencingToken;
+    use std::time::Duration;
+
+    /// The digits are the formatter's, at every width, for numbers shorter and longer than it.
+    #[test]
+    fn padded_numbers_are_spelled_as_the_formatter_spells_them() {
+        let mut numbers = vec![0, 1, 9, 10, 99, 100, u64::MAX, u64::MAX / 10, 1 << 53];
+        numbers.extend((0..64).map(|shift| (1u64 << shift) - 1));
+        numbers.extend((0..20).map(|power| 10u64.pow(power)));
+        for n in numbers {
+            for width in [0, 1, 4, 16, 19, 20, 24] {
+                let mut out = b"x".to_vec();
+                push_padded(&mut out, n, width);
+                assert_eq!(out, format!("x{n:0width$}").into_bytes(), "{n} at {width}");
+            }
+        }
+        assert_eq!(time_arg(42), "0000000000000042");
+        assert_eq!(time_arg(u64::MAX), format!("{:016}", 1u64 << 53));
+        assert_eq!(token_arg(FencingToken::from_raw(7)), "0000000000000000007");
+        assert_eq!(millis_arg(Duration::from_micros(10)), "1");
+        assert_eq!(millis_arg(Duration::from_secs(86_400)), "86400000");
+        assert_eq!(millis_arg(Duration::MAX), (1u64 << 53).to_string());
+    }
 }
