@@ -101,8 +101,9 @@ impl Claimed {
             Err(error) if may_pass(&error) => {
                 let window = self.idem.completion_retry(self.lease);
                 let deadline = Instant::now() + window;
-                self.hold(self.retry_completion(status, result, error, deadline))
-                    .await
+                // Boxed: the retries and the lease held meanwhile are a future of kilobytes,
+                // which every completion's future would otherwise carry (and copy).
+                Box::pin(self.hold(self.retry_completion(status, result, error, deadline))).await
             }
             answer => Recorded { answer, retries: 0 },
         };
