@@ -173,6 +173,39 @@ pub(super) fn read_held(
     Ok(Some((held, result)))
 }
 
+/// Writes a new key's record, in flight under `token` (`times`: the lease's expiry, the
+/// creation, the record's expiry), unless the key has a record already: whether it did.
+fn insert_new(
+    tx: &Connection,
+    tenant: &str,
+    key: &IdempotencyKey,
+    tool: &str,
+    fingerprint: Fingerprint,
+    token: FencingToken,
+    (lease_expires_at, created_at, expires_at): (i64, i64, i64),
+) -> Result<bool, StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO idem_records (tenant, key, tool, fingerprint, status, token, \
+         lease_expires_at, created_at, expires_at, result) \
+         VALUES (?1, ?2, ?3, ?4, 'in_flight', ?5, ?6, ?7, ?8, NULL) \
+         ON CONFLICT (tenant, key) DO NOTHING",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            tenant,
+            &key.as_bytes()[..],
+            tool,
+            &fingerprint.as_bytes()[..],
+            token.get() as i64,
+            lease_expires_at,
+            created_at,
+            expires_at,
+        ])
+    })
+    .map(|inserted| inserted == 1)
+    .map_err(|e| sql_error("claim", e))
+}
+
 /// Runs `f` inside a savepoint: what it wrote stays only if it succeeds.
 fn all_or_nothing<T>(
     tx: &Connection,
@@ -217,6 +250,23 @@ pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
             ttl,
             orphans,
         } => {
+            let token = FencingToken::generate();
+            let insert = || {
+                let times = (
+                    db_time(after(now, lease)),
+                    db_time(now),
+                    db_time(after(now, ttl)),
+                );
+                insert_new(tx, &tenant, &key, &tool, fingerprint, token, times)
+            };
+            // A new key, the common case: one INSERT, which leaves a record already there be.
+            if insert()? {
+                let claim = Claim::Acquired {
+                    token,
+                    takeover: false,
+                };
+                return Ok(Reply::Claim(claim));
+            }
             let held = read_held(tx, &tenant, &key)?;
             let claim = match decide(held.as_ref().map(|h| h.0), fingerprint, now, orphans) {
                 Decision::Mismatch => Claim::Mismatch,
@@ -238,41 +288,24 @@ pub(super) fn apply(tx: &Connection, op: Op) -> Result<Reply, StoreError> {
                     });
                 }
                 Decision::Insert => {
-                    let token = FencingToken::generate();
-                    if held.is_some() {
-                        // An expired record: deleted first, so that its triggers let go of its
-                        // blob and chunks (a REPLACE deletes without running them).
-                        tx.prepare_cached(
-                            "DELETE FROM idem_records WHERE tenant = ?1 AND key = ?2",
-                        )
+                    // An expired record: deleted first, so that its triggers let go of its blob
+                    // and chunks (a REPLACE deletes without running them).
+                    tx.prepare_cached("DELETE FROM idem_records WHERE tenant = ?1 AND key = ?2")
                         .and_then(|mut s| s.execute(params![tenant, &key.as_bytes()[..]]))
                         .map_err(|e| sql_error("claim", e))?;
+                    if !insert()? {
+                        return Err(StoreError::new(
+                            BACKEND,
+                            StoreErrorKind::Other,
+                            "claim: the key still had a record after its expired one was deleted",
+                        ));
                     }
-                    tx.prepare_cached(
-                        "INSERT OR REPLACE INTO idem_records (tenant, key, tool, fingerprint, \
-                         status, token, lease_expires_at, created_at, expires_at, result) \
-                         VALUES (?1, ?2, ?3, ?4, 'in_flight', ?5, ?6, ?7, ?8, NULL)",
-                    )
-                    .and_then(|mut s| {
-                        s.execute(params![
-                            tenant,
-                            &key.as_bytes()[..],
-                            tool,
-                            &fingerprint.as_bytes()[..],
-                            token.get() as i64,
-                            db_time(after(now, lease)),
-                            db_time(now),
-                            db_time(after(now, ttl)),
-                        ])
-                    })
-                    .map_err(|e| sql_error("claim", e))?;
                     Claim::Acquired {
                         token,
                         takeover: false,
                     }
                 }
                 Decision::Takeover => {
-                    let token = FencingToken::generate();
                     tx.prepare_cached(
                         "UPDATE idem_records SET status = 'in_flight', token = ?3, \
                          lease_expires_at = ?4, result = NULL WHERE tenant = ?1 AND key = ?2",
@@ -402,23 +435,42 @@ fn complete(
         Some(hash) => (None, Some(hash)),
         None => (Some(result), None),
     };
-    let n = tx
-        .prepare_cached(
-            "UPDATE idem_records SET status = ?6, result = ?4, blob = ?7, expires_at = ?5 \
-             WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
-                tenant,
-                key,
-                token,
-                inline,
-                db_time(expires_at),
-                status.as_str(),
-                named,
-            ])
-        })
-        .map_err(err)?;
+    // An in-flight record names no blob (claims write none; only a completion does, and only
+    // a completed record keeps one), so a result kept inline leaves the column be: updating it
+    // would cost its trigger and its index a visit at every completion.
+    let n = match hash {
+        Some(hash) => tx
+            .prepare_cached(
+                "UPDATE idem_records SET status = ?6, result = NULL, blob = ?4, expires_at = ?5 \
+                 WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    tenant,
+                    key,
+                    token,
+                    hash,
+                    db_time(expires_at),
+                    status.as_str(),
+                ])
+            }),
+        None => tx
+            .prepare_cached(
+                "UPDATE idem_records SET status = ?6, result = ?4, expires_at = ?5 \
+                 WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    tenant,
+                    key,
+                    token,
+                    result,
+                    db_time(expires_at),
+                    status.as_str(),
+                ])
+            }),
+    }
+    .map_err(err)?;
     if n == 1 {
         if let Some(hash) = hash {
             tx.prepare_cached(

@@ -17,8 +17,10 @@
 //!   mismatches, calls in flight), a claim first reads a committed snapshot on a pool of reader
 //!   connections (WAL lets them run beside the writer), which answers without queueing behind
 //!   others' commits; only claims that may write take the write path. While nearly every claim
-//!   is a new key, claims go straight to the write path, which reads the record in its own
-//!   transaction: the read first would be read again there, and the keeper pinned for it
+//!   is a new key, claims go straight to the write path, which inserts the record in its own
+//!   transaction and reads the one already there only when the insert finds one (a new key's
+//!   claim is one `INSERT … ON CONFLICT DO NOTHING`): the read first would be read again
+//!   there, and the keeper pinned for it
 //!   and unpinned for the write at every call (a fresh call's process CPU 268–278 µs with it,
 //!   236–239 µs without, perf; see `store/read_first.rs`). A keeper connection holds a read
 //!   transaction on the newest snapshot, so that the readers' WAL read locks cost no system
