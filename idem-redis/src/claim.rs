@@ -252,16 +252,15 @@ impl Store for RedisStore {
                     })
                     .await?;
                     let found = match found {
-                        Value::Nil => None,
-                        Value::BulkString(found) => Some(found),
+                        Value::BulkString(found) => found,
+                        Value::Nil => {
+                            let claim = Claim::Acquired {
+                                token,
+                                takeover: false,
+                            };
+                            return Ok((claim, Some(new)));
+                        }
                         _ => return Err(corrupt(OP, "the server answered something unexpected")),
-                    };
-                    let Some(found) = found else {
-                        let claim = Claim::Acquired {
-                            token,
-                            takeover: false,
-                        };
-                        return Ok((claim, Some(new)));
                     };
                     // A result in a blob is read by the script, with its record.
                     if !in_blob(&found) {

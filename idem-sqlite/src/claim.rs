@@ -438,39 +438,31 @@ fn complete(
     // An in-flight record names no blob (claims write none; only a completion does, and only
     // a completed record keeps one), so a result kept inline leaves the column be: updating it
     // would cost its trigger and its index a visit at every completion.
-    let n = match hash {
-        Some(hash) => tx
-            .prepare_cached(
-                "UPDATE idem_records SET status = ?6, result = NULL, blob = ?4, expires_at = ?5 \
-                 WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    tenant,
-                    key,
-                    token,
-                    hash,
-                    db_time(expires_at),
-                    status.as_str(),
-                ])
-            }),
-        None => tx
-            .prepare_cached(
-                "UPDATE idem_records SET status = ?6, result = ?4, expires_at = ?5 \
-                 WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    tenant,
-                    key,
-                    token,
-                    result,
-                    db_time(expires_at),
-                    status.as_str(),
-                ])
-            }),
-    }
-    .map_err(err)?;
+    let (update, value) = match hash {
+        Some(hash) => (
+            "UPDATE idem_records SET status = ?6, result = NULL, blob = ?4, expires_at = ?5 \
+             WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
+            hash,
+        ),
+        None => (
+            "UPDATE idem_records SET status = ?6, result = ?4, expires_at = ?5 \
+             WHERE tenant = ?1 AND key = ?2 AND token = ?3 AND status = 'in_flight'",
+            result,
+        ),
+    };
+    let n = tx
+        .prepare_cached(update)
+        .and_then(|mut s| {
+            s.execute(params![
+                tenant,
+                key,
+                token,
+                value,
+                db_time(expires_at),
+                status.as_str(),
+            ])
+        })
+        .map_err(err)?;
     if n == 1 {
         if let Some(hash) = hash {
             tx.prepare_cached(
