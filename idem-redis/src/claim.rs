@@ -113,6 +113,35 @@ pub(super) fn decide_without_writing(
 }
 
 impl RedisStore {
+    /// What a claim answers from the record that its `GET` or `SET … NX GET` found (`Nil`:
+    /// none), when it can answer without writing: a replay (kept in the replay cache), a
+    /// mismatch, a call in flight, or this claim's own earlier delivery. `None` leaves the
+    /// claim to the script: no record, one past its expiry or lease, or a result in a blob
+    /// (which the script reads with its record).
+    fn answer_found(
+        &self,
+        op: &'static str,
+        req: &ClaimRequest<'_>,
+        token: FencingToken,
+        found: Value,
+    ) -> Result<Option<Claim>, StoreError> {
+        let found = match found {
+            Value::Nil => return Ok(None),
+            Value::BulkString(found) => found,
+            _ => return Err(corrupt(op, "the server answered something unexpected")),
+        };
+        if in_blob(&found) {
+            return Ok(None);
+        }
+        let found = decode_record(op, req.tenant, req.key, &found)?;
+        let expires_at = found.expires_at;
+        let answer = decide_without_writing(found, req, token);
+        if let Some(Claim::Completed { result }) = &answer {
+            self.replays.put(req, result, expires_at);
+        }
+        Ok(answer)
+    }
+
     /// Replaces (`Some(new)`, with a TTL in ms or keeping it) or deletes (`None`) the record at
     /// `record` if it is still exactly `old`, and says whether it did; the announcement, when
     /// there is one (`channel` not empty), goes with it. By the server's own command where it
@@ -239,10 +268,24 @@ impl Store for RedisStore {
                 }
                 tool_fits(req.tool)?;
                 let token = FencingToken::generate();
+                let record = self.record_key(req.tenant, &req.key);
+                // While nearly every claim lately found its key settled (retries replaying), a
+                // plain `GET` answers them: a shorter request and a lighter command than the
+                // `SET` below, which a new key then costs as a second round trip.
+                if self.read_first.wanted() {
+                    let found = again_if_broken(OP, || {
+                        let get = command(&[b"GET", record.as_bytes()]);
+                        let conn = &self.conn;
+                        async move { first_reply(conn.send([get]).await?) }
+                    })
+                    .await?;
+                    if let Some(answer) = self.answer_found(OP, &req, token, found)? {
+                        return Ok((answer, None));
+                    }
+                }
                 // The record a new key gets; the script's arguments are slices of it.
                 let new = new_record(&req, token);
                 let ttl = millis_arg(req.ttl);
-                let record = self.record_key(req.tenant, &req.key);
                 if self.set_nx_get {
                     let found = again_if_broken(OP, || {
                         let (record, ttl) = (record.as_bytes(), ttl.as_bytes());
@@ -251,28 +294,16 @@ impl Store for RedisStore {
                         async move { first_reply(conn.send([set]).await?) }
                     })
                     .await?;
-                    let found = match found {
-                        Value::BulkString(found) => found,
-                        Value::Nil => {
-                            let claim = Claim::Acquired {
-                                token,
-                                takeover: false,
-                            };
-                            return Ok((claim, Some(new)));
-                        }
-                        _ => return Err(corrupt(OP, "the server answered something unexpected")),
-                    };
-                    // A result in a blob is read by the script, with its record.
-                    if !in_blob(&found) {
-                        let found = decode_record(OP, req.tenant, req.key, &found)?;
-                        let expires_at = found.expires_at;
-                        if let Some(answer) = decide_without_writing(found, &req, token) {
-                            if let Claim::Completed { result } = &answer {
-                                self.replays.put(&req, result, expires_at);
-                            }
-                            // A second delivery of this claim: the script wrote the record.
-                            return Ok((answer, None));
-                        }
+                    if found == Value::Nil {
+                        let claim = Claim::Acquired {
+                            token,
+                            takeover: false,
+                        };
+                        return Ok((claim, Some(new)));
+                    }
+                    // A second delivery of this claim finds the record it wrote.
+                    if let Some(answer) = self.answer_found(OP, &req, token, found)? {
+                        return Ok((answer, None));
                     }
                 }
                 let answer: Vec<Value> = self
@@ -297,6 +328,8 @@ impl Store for RedisStore {
             }
             .await;
             let (claim, new) = claim?;
+            self.read_first
+                .note(!matches!(claim, Claim::Acquired { .. }));
             if let Claim::Acquired { token, takeover } = claim {
                 // The body may run: first the replicas the options ask for must hold the claim.
                 self.replicated("claim", req.tenant, &req.key, token, false)

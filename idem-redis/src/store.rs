@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use idem_core::store::read_first::{ONE, ReadFirst};
 use idem_core::store::replay_cache::ReplayCache;
 use redis::Script;
 
@@ -23,6 +24,9 @@ pub struct RedisStore {
     /// Whether the server takes `SET … NX GET` (Redis 7.0 and later): then a claim tries the
     /// plain command first (see the module docs).
     pub(crate) set_nx_get: bool,
+    /// Whether a claim reads its record (`GET`) before it may write one (see
+    /// [`READ_FIRST_FROM`]).
+    pub(crate) read_first: std::sync::Arc<ReadFirst>,
     /// What the server compares and sets on its own (see `native.rs`), probed at open.
     pub(crate) fencing: crate::native::Fencing,
     /// The values of the records this store's claims wrote, for the native fenced writes.
@@ -35,6 +39,13 @@ pub struct RedisStore {
     /// The channel the scripts announce settlements on (see `RedisStore::announcement`).
     pub(crate) channel: std::sync::Arc<str>,
 }
+
+/// From which share of claims answered without writing a claim reads first: fifteen in
+/// sixteen. A read first saves a replay a few microseconds (a `GET` where the claim would send
+/// the whole new record in a `SET … NX GET`) and costs a new key a round trip, so only a run
+/// of retries (replays from another process, say) earns it: from one new key in sixteen, claims
+/// write first again.
+pub(crate) const READ_FIRST_FROM: u32 = ONE / 16 * 15;
 
 /// The replicas a claim and a completion wait for (`wait_replicas`, `wait_timeout_ms`).
 #[derive(Debug, Clone, Copy)]

@@ -228,6 +228,72 @@ mod conformance {
         idem_core::store_conformance_tests!(maybe: store());
     }
 
+    /// A run of replays from another process (no replay cache) makes claims read first; two
+    /// new keys in a row make them write first again, each answered as before.
+    #[tokio::test]
+    async fn a_run_of_replays_reads_first_and_new_keys_end_it() {
+        use super::settle::{claimed, completion};
+        use idem_core::clock::Clock as _;
+        use idem_core::store::{Claim, ClaimRequest, Fenced, Store};
+        let Some(url) = idem_core::store::conformance::test_server_url("IDEM_TEST_REDIS_URL")
+        else {
+            return;
+        };
+        let store = super::RedisStore::open_url(&format!("{url}?prefix=idem-rf&replay_cache=0"))
+            .await
+            .expect("IDEM_TEST_REDIS_URL names a reachable server");
+        let tenant = format!("read-first-{}", uuid::Uuid::new_v4().simple());
+        let (key, token) = claimed(&store, &tenant, 0).await;
+        assert_eq!(
+            store
+                .complete(completion(&tenant, key, token))
+                .await
+                .unwrap(),
+            Fenced::Applied
+        );
+        assert!(!store.read_first.wanted(), "a new key's claim wrote");
+        let replay = || ClaimRequest {
+            tenant: &tenant,
+            key,
+            tool: "tool",
+            fingerprint: idem_core::Fingerprint::from_bytes([7; 32]),
+            now: idem_core::clock::SystemClock.now(),
+            lease: std::time::Duration::from_secs(30),
+            ttl: std::time::Duration::from_secs(60),
+            orphans: idem_core::store::Orphans::TakeOver,
+        };
+        let mut replays = 0;
+        while !store.read_first.wanted() {
+            let claim = store.claim(replay()).await.unwrap();
+            assert!(matches!(claim, Claim::Completed { .. }), "{claim:?}");
+            replays += 1;
+            assert!(replays < 100, "replays never made claims read first");
+        }
+        for _ in 0..10 {
+            let claim = store.claim(replay()).await.unwrap();
+            assert!(
+                matches!(&claim, Claim::Completed { result } if result == b"{\"ok\":1}"),
+                "{claim:?}"
+            );
+        }
+        claimed(&store, &tenant, 1).await;
+        claimed(&store, &tenant, 2).await;
+        assert!(!store.read_first.wanted(), "two new keys in a row");
+    }
+
+    /// Every claim reads first (`GET`), as under a run of replays: the read answers only what
+    /// the claim would have answered.
+    mod read_first {
+        async fn store() -> Option<super::super::RedisStore> {
+            let store = super::store().await?;
+            Some(super::super::RedisStore {
+                read_first: std::sync::Arc::new(idem_core::store::read_first::ReadFirst::always()),
+                ..store
+            })
+        }
+        idem_core::store_conformance_tests!(maybe: store());
+    }
+
     /// Every claim through the script, as on a server before Redis 7.0.
     mod scripts_only {
         async fn store() -> Option<super::super::RedisStore> {
