@@ -232,9 +232,8 @@ mod conformance {
     /// new keys in a row make them write first again, each answered as before.
     #[tokio::test]
     async fn a_run_of_replays_reads_first_and_new_keys_end_it() {
-        use super::settle::{claimed, completion};
-        use idem_core::clock::Clock as _;
-        use idem_core::store::{Claim, ClaimRequest, Fenced, Store};
+        use super::settle::{claimed, completion, request};
+        use idem_core::store::{Claim, Fenced, Store};
         let Some(url) = idem_core::store::conformance::test_server_url("IDEM_TEST_REDIS_URL")
         else {
             return;
@@ -252,16 +251,7 @@ mod conformance {
             Fenced::Applied
         );
         assert!(!store.read_first.wanted(), "a new key's claim wrote");
-        let replay = || ClaimRequest {
-            tenant: &tenant,
-            key,
-            tool: "tool",
-            fingerprint: idem_core::Fingerprint::from_bytes([7; 32]),
-            now: idem_core::clock::SystemClock.now(),
-            lease: std::time::Duration::from_secs(30),
-            ttl: std::time::Duration::from_secs(60),
-            orphans: idem_core::store::Orphans::TakeOver,
-        };
+        let replay = || request(&tenant, key);
         let mut replays = 0;
         while !store.read_first.wanted() {
             let claim = store.claim(replay()).await.unwrap();
@@ -320,25 +310,12 @@ mod settle {
         idem_core::key::IdempotencyKey,
         idem_core::store::FencingToken,
     ) {
-        use idem_core::clock::Clock as _;
         let key = idem_core::key::derive_key(
             tenant,
             "tool",
             &[idem_core::key::KeyPart::new(&n).unwrap()],
         );
-        let claim = store
-            .claim(ClaimRequest {
-                tenant,
-                key,
-                tool: "tool",
-                fingerprint: idem_core::Fingerprint::from_bytes([7; 32]),
-                now: idem_core::clock::SystemClock.now(),
-                lease: std::time::Duration::from_secs(30),
-                ttl: std::time::Duration::from_secs(60),
-                orphans: idem_core::store::Orphans::TakeOver,
-            })
-            .await
-            .expect("claim");
+        let claim = store.claim(request(tenant, key)).await.expect("claim");
         let Claim::Acquired {
             token,
             takeover: false,
@@ -347,6 +324,21 @@ mod settle {
             panic!("a new key is acquired: {claim:?}");
         };
         (key, token)
+    }
+
+    /// The claim of `key` that [`claimed`] sends: a fixed fingerprint, a 30 s lease, a 60 s TTL.
+    pub(super) fn request(tenant: &str, key: idem_core::key::IdempotencyKey) -> ClaimRequest<'_> {
+        use idem_core::clock::Clock as _;
+        ClaimRequest {
+            tenant,
+            key,
+            tool: "tool",
+            fingerprint: idem_core::Fingerprint::from_bytes([7; 32]),
+            now: idem_core::clock::SystemClock.now(),
+            lease: std::time::Duration::from_secs(30),
+            ttl: std::time::Duration::from_secs(60),
+            orphans: idem_core::store::Orphans::TakeOver,
+        }
     }
 
     pub(super) fn completion<'a>(
