@@ -271,7 +271,10 @@ impl Store for RedisStore {
                 let record = self.record_key(req.tenant, &req.key);
                 // While nearly every claim lately found its key settled (retries replaying), a
                 // plain `GET` answers them: a shorter request and a lighter command than the
-                // `SET` below, which a new key then costs as a second round trip.
+                // `SET` below, which a new key then costs as a second round trip. A record it
+                // cannot answer from (expired, a lapsed lease, a blob) goes to the script
+                // straight away: the `SET … NX GET` would only find it again.
+                let mut found_undecided = false;
                 if self.read_first.wanted() {
                     let found = again_if_broken(OP, || {
                         let get = command(&[b"GET", record.as_bytes()]);
@@ -279,6 +282,7 @@ impl Store for RedisStore {
                         async move { first_reply(conn.send([get]).await?) }
                     })
                     .await?;
+                    found_undecided = found != Value::Nil;
                     if let Some(answer) = self.answer_found(OP, &req, token, found)? {
                         return Ok((answer, None));
                     }
@@ -286,7 +290,7 @@ impl Store for RedisStore {
                 // The record a new key gets; the script's arguments are slices of it.
                 let new = new_record(&req, token);
                 let ttl = millis_arg(req.ttl);
-                if self.set_nx_get {
+                if self.set_nx_get && !found_undecided {
                     let found = again_if_broken(OP, || {
                         let (record, ttl) = (record.as_bytes(), ttl.as_bytes());
                         let set = command(&[b"SET", record, &new, b"NX", b"PX", ttl, b"GET"]);
