@@ -30,24 +30,26 @@ impl AdminStore for SqliteStore {
         Box::pin(async move {
             let (after_tenant, after_key) = store_admin::scan_start(cursor, BACKEND)?;
             let limit = limit.max(1);
-            let records = self.read(|conn| {
-                let sql = format!(
-                    "SELECT {RECORD_COLUMNS} FROM idem_records \
+            let records = self
+                .read(|conn| {
+                    let sql = format!(
+                        "SELECT {RECORD_COLUMNS} FROM idem_records \
                      WHERE (?1 IS NULL OR tenant = ?1) AND (tenant, key) > (?2, ?3) \
                      ORDER BY tenant, key LIMIT ?4"
-                );
-                let mut stmt = conn
-                    .prepare_cached(&sql)
-                    .map_err(|e| sql_error("scan", e))?;
-                let mut rows = stmt
-                    .query(params![tenant, after_tenant, after_key, (limit + 1) as i64])
-                    .map_err(|e| sql_error("scan", e))?;
-                let mut records = Vec::new();
-                while let Some(row) = rows.next().map_err(|e| sql_error("scan", e))? {
-                    records.push(decode_record("scan", row)?);
-                }
-                Ok(records)
-            })?;
+                    );
+                    let mut stmt = conn
+                        .prepare_cached(&sql)
+                        .map_err(|e| sql_error("scan", e))?;
+                    let mut rows = stmt
+                        .query(params![tenant, after_tenant, after_key, (limit + 1) as i64])
+                        .map_err(|e| sql_error("scan", e))?;
+                    let mut records = Vec::new();
+                    while let Some(row) = rows.next().map_err(|e| sql_error("scan", e))? {
+                        records.push(decode_record("scan", row)?);
+                    }
+                    Ok(records)
+                })
+                .await?;
             Ok(store_admin::page(records, limit))
         })
     }
@@ -69,6 +71,7 @@ impl AdminStore for SqliteStore {
                 })
                 .map_err(|e| sql_error("blob_usage", e))
             })
+            .await
         })
     }
 

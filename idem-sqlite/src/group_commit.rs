@@ -13,6 +13,7 @@ use super::claim::{Op, Reply, apply};
 use super::driver::{BACKEND, closed, sql_error, unexpected};
 use super::keeper::{Keeper, KeeperCell};
 use super::options::SqliteOptions;
+use super::syncer::{Committed, Syncer};
 use idem_core::StoreError;
 use idem_core::store::Fenced;
 use idem_core::store::Watchers;
@@ -37,6 +38,8 @@ pub(super) struct Shared {
     pub(super) read_first: ReadFirst,
     /// Callers of this store waiting for a key to settle: woken by its completions and releases.
     pub(super) watchers: Watchers,
+    /// Makes commits durable before they are answered or read.
+    pub(super) syncer: Syncer,
 }
 
 /// Writes waiting for the next commit, and whether a leader is at work.
@@ -120,6 +123,7 @@ impl Shared {
     }
 
     pub(super) async fn write(self: &Arc<Self>, op: Op) -> Result<Reply, StoreError> {
+        self.syncer.check()?;
         let mut op = op;
         let mut front = false;
         loop {
@@ -201,7 +205,14 @@ pub(super) fn lead_rounds(shared: &Arc<Shared>, rounds: usize, linger: Duration)
                 // Unpinned until after the commit, so that its checkpoint copies back every
                 // frame and a later writer can restart the WAL (see `keeper`).
                 let mut keeper = shared.keeper.for_write();
-                run_batch(&mut conn, &mut keeper, batch);
+                if let Some(committed) = run_batch(&mut conn, &mut keeper, &shared.syncer, batch) {
+                    drop(keeper);
+                    // A caller leading on its own thread with no one queued behind it syncs
+                    // there; otherwise the syncer thread does, and this leader goes on.
+                    let lone =
+                        rounds == 1 && shared.queue.lock().is_ok_and(|queue| queue.jobs.is_empty());
+                    shared.syncer.after_commit(committed, lone);
+                }
             }
             Err(_) => {
                 for job in batch {
@@ -281,7 +292,14 @@ impl Drop for WriteTransaction<'_> {
     }
 }
 
-pub(super) fn run_batch(conn: &mut Connection, keeper: &mut Keeper, batch: Vec<Job>) {
+/// Applies a batch in one transaction and commits it. The answers wait for the commit's sync
+/// (`None`: the transaction could not begin, and the batch is answered with that error).
+pub(super) fn run_batch(
+    conn: &mut Connection,
+    keeper: &mut Keeper,
+    syncer: &Syncer,
+    batch: Vec<Job>,
+) -> Option<Committed> {
     let tx = match WriteTransaction::begin(conn) {
         Ok(tx) => {
             keeper.note_writer(&tx, Instant::now());
@@ -297,7 +315,7 @@ pub(super) fn run_batch(conn: &mut Connection, keeper: &mut Keeper, batch: Vec<J
                     message.clone(),
                 ))));
             }
-            return;
+            return None;
         }
     };
     let mut answers = Vec::with_capacity(batch.len());
@@ -305,25 +323,17 @@ pub(super) fn run_batch(conn: &mut Connection, keeper: &mut Keeper, batch: Vec<J
         let answer = apply(&tx, job.op);
         answers.push((job.reply, answer));
     }
-    match tx.commit() {
-        Ok(()) => {
-            for (reply, answer) in answers {
-                let _ = reply.send(Answer::Done(answer));
-            }
-        }
-        Err(e) => {
-            // The commit failed: nothing of this batch is durable, so no answer may say it is.
-            let message = format!("commit failed ({e})");
-            let kind = sql_error("", e).kind();
-            for (reply, _) in answers {
-                let _ = reply.send(Answer::Done(Err(StoreError::new(
-                    BACKEND,
-                    kind,
-                    message.clone(),
-                ))));
-            }
+    let number = syncer.before_commit();
+    if let Err(e) = tx.commit() {
+        // The commit failed: nothing of this batch is durable, so no answer may say it is.
+        let message = format!("commit failed ({e})");
+        let kind = sql_error("", e).kind();
+        for (_, answer) in &mut answers {
+            *answer = Err(StoreError::new(BACKEND, kind, message.clone()));
         }
     }
+    // Even a failed commit took a number: its (empty) sync lets the readers waiting on it go.
+    Some(Committed { number, answers })
 }
 
 #[cfg(test)]

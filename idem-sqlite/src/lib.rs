@@ -2,9 +2,13 @@
 //!
 //! `Idem::open("sqlite://idem.db")` opens (and creates) one. What it guarantees:
 //!
-//! - **Durable claims.** A claim is committed with `synchronous=FULL` (the default) before
-//!   [`Claim::Acquired`] is answered, so the tool body never runs on a claim that a crash, even
-//!   of the machine, could forget.
+//! - **Durable claims.** A claim is committed and synced (`synchronous=full`, the default)
+//!   before [`Claim::Acquired`] is answered, so the tool body never runs on a claim that a
+//!   crash, even of the machine, could forget. The store syncs the WAL itself (`fdatasync`)
+//!   rather than inside SQLite's `COMMIT`, so that under many callers the leader applies and
+//!   commits the next batch while the last one syncs; no caller hears of a commit, and no read
+//!   answers from one, before its sync (`syncer.rs` has the table). A sync that fails stops the
+//!   store: every later call is refused, `Unavailable`.
 //! - **Group commit, led by a caller.** Writes queue up; the caller that finds no commit under
 //!   way becomes the *leader*: it takes everything queued, applies it in one transaction, commits
 //!   once, and answers every caller in the batch. A lone caller commits on its own thread, without
@@ -12,11 +16,12 @@
 //!   synchronous SQLite call). When others are queued too, the leading moves to a blocking thread
 //!   of the tokio runtime, which commits batch after batch (lingering 0.5 ms for more) so that no
 //!   async worker waits in `fsync` while there is work for it. Answers are sent only after the
-//!   commit; a leadership is handed on, never lost, even when a caller's future is dropped.
+//!   commit's sync; a leadership is handed on, never lost, even when a caller's future is dropped.
 //! - **Reads do not queue.** While claims lately found records (at least one in eight: replays,
 //!   mismatches, calls in flight), a claim first reads a committed snapshot on a pool of reader
 //!   connections (WAL lets them run beside the writer), which answers without queueing behind
-//!   others' commits; only claims that may write take the write path. While nearly every claim
+//!   others' commits (it waits only for the sync of a commit its snapshot may hold); only claims
+//!   that may write take the write path. While nearly every claim
 //!   is a new key, claims go straight to the write path, which inserts the record in its own
 //!   transaction and reads the one already there only when the insert finds one (a new key's
 //!   claim is one `INSERT … ON CONFLICT DO NOTHING`): the read first would be read again
@@ -43,7 +48,7 @@
 //! `normal` survives a crash of the process but not a power loss; [`StoreHealth::durable`] says
 //! which you have. `replay_cache=0` turns the cache off.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 
 use rusqlite::Connection;
@@ -70,6 +75,7 @@ mod group_commit;
 mod keeper;
 mod options;
 mod schema;
+mod syncer;
 
 pub use self::options::{SqliteOptions, Synchronous};
 pub use self::schema::SCHEMA_VERSION;
@@ -79,6 +85,7 @@ use self::driver::{BACKEND, closed, sql_error, unexpected};
 use self::group_commit::{Queue, Shared};
 use self::keeper::KeeperCell;
 use self::schema::{migrate, open_connection};
+use self::syncer::Syncer;
 
 inventory::submit! {
     idem_core::store::admin::Driver::new(&["sqlite"], "sqlite://PATH", |url| Box::pin(open_url(url)))
@@ -138,6 +145,7 @@ impl SqliteStore {
         }
         let mut writer = open_connection(&options)?;
         migrate(&mut writer, options.busy_timeout)?;
+        let syncer = writer_syncer(&writer, &options)?;
         let keeper = KeeperCell::new(open_connection(&options)?);
         Ok(SqliteStore {
             shared: Arc::new(Shared {
@@ -149,6 +157,7 @@ impl SqliteStore {
                 replays: ReplayCache::new(options.replay_cache),
                 read_first: ReadFirst::new(READ_FIRST_FROM),
                 watchers: Watchers::new(),
+                syncer,
                 options,
             }),
         })
@@ -164,11 +173,12 @@ impl SqliteStore {
         &self.shared.options
     }
 
-    /// Runs `f` on a pooled reader connection.
-    fn read<T>(
+    /// Runs `f` on a pooled reader connection; also the number of the newest commit its
+    /// snapshot may hold (read after `f`, so after the snapshot opened).
+    fn read_snapshot<T>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    ) -> Result<(T, u64), StoreError> {
         let pooled = self.shared.readers.lock().map_err(|_| closed())?.pop();
         let conn = match pooled {
             Some(conn) => conn,
@@ -176,11 +186,36 @@ impl SqliteStore {
         };
         self.shared.keeper.before_read();
         let out = f(&conn);
+        let newest = self.shared.syncer.committed();
         if let Ok(mut readers) = self.shared.readers.lock() {
             readers.push(conn);
         }
-        out
+        Ok((out?, newest))
     }
+
+    /// [`Self::read_snapshot`], answered once every commit the snapshot may hold is durable.
+    async fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let (out, newest) = self.read_snapshot(f)?;
+        self.shared.syncer.durable(newest).await?;
+        Ok(out)
+    }
+}
+
+/// The syncer of the writer, which from now on commits with `synchronous=NORMAL`: with
+/// `synchronous=full` the syncer syncs each commit before it is answered (see `syncer`).
+fn writer_syncer(writer: &Connection, options: &SqliteOptions) -> Result<Syncer, StoreError> {
+    writer
+        .execute_batch("PRAGMA synchronous = NORMAL")
+        .map_err(|e| sql_error("setting synchronous", e))?;
+    // The file as SQLite resolved it (absolute), whose WAL is `<file>-wal`.
+    let file = writer
+        .path()
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| options.path.clone(), PathBuf::from);
+    Ok(Syncer::new(&file, options.synchronous == Synchronous::Full))
 }
 
 /// The write a claim queues.
@@ -263,14 +298,16 @@ impl Store for SqliteStore {
             // behind the commits of others.
             let read_first = &self.shared.read_first;
             let snapshot = if read_first.wanted() {
-                self.read(|conn| read_held(conn, req.tenant, &req.key))?
+                self.read_snapshot(|conn| read_held(conn, req.tenant, &req.key))?
             } else {
-                None
+                (None, 0)
             };
-            if let Some((held, result)) = snapshot {
+            if let (Some((held, result)), newest) = snapshot {
                 let decision = decide(Some(held), req.fingerprint, req.now, req.orphans);
                 if let Some(answer) = decision.answer_without_writing(|| result.unwrap_or_default())
                 {
+                    // Answered from a commit: only once it is durable.
+                    self.shared.syncer.durable(newest).await?;
                     if let Claim::Completed { result } = &answer {
                         replays.put(&req, result, held.expires_at);
                     }
@@ -375,9 +412,10 @@ impl Store for SqliteStore {
 
     /// On a reader connection, in one read transaction.
     fn read_chunks<'a>(&'a self, r: ChunkRead<'a>) -> StoreFuture<'a, Option<StreamPage>> {
-        Box::pin(
-            async move { self.read(|conn| read_page(conn, r.tenant, &r.key, r.from, r.limit)) },
-        )
+        Box::pin(async move {
+            self.read(|conn| read_page(conn, r.tenant, &r.key, r.from, r.limit))
+                .await
+        })
     }
 
     fn release<'a>(
@@ -403,7 +441,10 @@ impl Store for SqliteStore {
         tenant: &'a str,
         key: IdempotencyKey,
     ) -> StoreFuture<'a, Option<Record>> {
-        Box::pin(async move { self.read(|conn| read_record(conn, "lookup", tenant, &key)) })
+        Box::pin(async move {
+            self.read(|conn| read_record(conn, "lookup", tenant, &key))
+                .await
+        })
     }
 
     /// Woken by this store's own completions and releases; another process writing the file
@@ -423,30 +464,31 @@ impl Store for SqliteStore {
 
     fn health(&self) -> StoreFuture<'_, StoreHealth> {
         Box::pin(async move {
-            self.read(|conn| {
-                let version: i64 = conn
-                    .query_row(
+            let version: i64 = self
+                .read(|conn| {
+                    conn.query_row(
                         "SELECT value FROM idem_meta WHERE name = 'schema_version'",
                         [],
                         |r| r.get(0),
                     )
-                    .map_err(|e| sql_error("reading the schema version", e))?;
-                let sync: i64 = conn
-                    .query_row("PRAGMA synchronous", [], |r| r.get(0))
-                    .map_err(|e| sql_error("reading synchronous", e))?;
-                Ok(StoreHealth {
-                    encrypted: None,
-                    fencing: None,
-                    backend: BACKEND,
-                    schema_version: u32::try_from(version).unwrap_or(0),
-                    expected_schema_version: SCHEMA_VERSION,
-                    durable: sync >= 2,
-                    detail: (sync < 2).then(|| {
-                        "synchronous=normal: a claim survives a crash of the process, not a \
-                         power loss"
-                            .to_owned()
-                    }),
+                    .map_err(|e| sql_error("reading the schema version", e))
                 })
+                .await?;
+            // What makes a commit durable is the syncer (the writer's own `synchronous` is
+            // `NORMAL` either way).
+            let durable = self.shared.syncer.syncs();
+            Ok(StoreHealth {
+                encrypted: None,
+                fencing: None,
+                backend: BACKEND,
+                schema_version: u32::try_from(version).unwrap_or(0),
+                expected_schema_version: SCHEMA_VERSION,
+                durable,
+                detail: (!durable).then(|| {
+                    "synchronous=normal: a claim survives a crash of the process, not a \
+                     power loss"
+                        .to_owned()
+                }),
             })
         })
     }
@@ -602,6 +644,108 @@ mod tests {
         assert_eq!(store.complete(completion).await.unwrap(), Fenced::Applied);
         let replay = store.claim(request(n)).await.unwrap();
         assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
+    }
+
+    fn completion(n: u32, token: FencingToken) -> Completion<'static> {
+        Completion {
+            tenant: "t",
+            key: request(n).key,
+            token,
+            status: RecordStatus::Completed,
+            result: b"{\"ok\":1}",
+            now: 1_000,
+            ttl: Duration::from_secs(3_600),
+            notify: false,
+        }
+    }
+
+    /// A synced store (`synchronous=full`) without a replay cache.
+    fn synced_store(dir: &Path) -> SqliteStore {
+        let url = format!("{}?replay_cache=0", dir.join("synced.db").display());
+        SqliteStore::open(SqliteOptions::from_url_rest(&url).unwrap()).unwrap()
+    }
+
+    /// Nothing is answered from a commit before its sync: while a completion's sync is held,
+    /// its caller, a lookup and a claim that reads first all wait (though the commit is there to
+    /// read), and all answer once it ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_read_answers_from_a_commit_before_its_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = synced_store(dir.path());
+        for n in 0..4 {
+            write_and_replay(&store, n).await;
+        }
+        assert!(
+            store.shared.read_first.wanted(),
+            "replays: claims read first"
+        );
+        let Claim::Acquired { token, .. } = store.claim(request(9)).await.unwrap() else {
+            panic!("a new key is acquired");
+        };
+
+        let held = store.shared.syncer.hold();
+        let completing = tokio::spawn({
+            let store = store.clone();
+            async move { store.complete(completion(9, token)).await }
+        });
+        let raw = Connection::open(dir.path().join("synced.db")).unwrap();
+        let completed = || -> i64 {
+            raw.query_row(
+                "SELECT count(*) FROM idem_records WHERE status = 'completed'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        while completed() < 5 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The completion is committed, there for any reader to see.
+        let lookup = tokio::spawn({
+            let store = store.clone();
+            async move { store.lookup("t", request(9).key).await }
+        });
+        let replay = tokio::spawn({
+            let store = store.clone();
+            async move { store.claim(request(9)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!completing.is_finished(), "its caller waits for the sync");
+        assert!(!lookup.is_finished(), "a lookup of it waits");
+        assert!(!replay.is_finished(), "a claim reading it first waits");
+
+        drop(held);
+        assert_eq!(completing.await.unwrap().unwrap(), Fenced::Applied);
+        let record = lookup.await.unwrap().unwrap().expect("the record");
+        assert_eq!(record.status, RecordStatus::Completed);
+        let replay = replay.await.unwrap().unwrap();
+        assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
+    }
+
+    /// A store whose WAL vanished cannot make a commit durable: the write that found it out
+    /// is answered with an error, not `Acquired`, and every later call is refused.
+    #[tokio::test]
+    async fn a_store_that_cannot_sync_answers_nothing_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = synced_store(dir.path());
+        write_and_replay(&store, 1).await;
+        assert!(store.health().await.unwrap().durable);
+        std::fs::remove_file(dir.path().join("synced.db-wal")).unwrap();
+
+        let claim = store.claim(request(2)).await.expect_err("not durable");
+        assert_eq!(claim.kind(), StoreErrorKind::Unavailable);
+        assert!(
+            claim.to_string().contains("syncing the WAL failed"),
+            "{claim}"
+        );
+        for later in [
+            store.claim(request(3)).await.map(drop),
+            store.lookup("t", request(1).key).await.map(drop),
+            store.health().await.map(drop),
+        ] {
+            let error = later.expect_err("refused");
+            assert!(error.to_string().contains("open it again"), "{error}");
+        }
     }
 
     /// A passive checkpoint by `conn`: the WAL's frames, and how many of them are in the file.

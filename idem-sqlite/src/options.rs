@@ -8,7 +8,9 @@ use idem_core::store::{blob, replay_cache};
 /// How hard SQLite syncs a commit to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Synchronous {
-    /// `synchronous=FULL`: a commit survives a power loss (the default).
+    /// Every commit is synced before it is answered or read: it survives a power loss (the
+    /// default). The store syncs the WAL itself, as SQLite's `synchronous=FULL` would inside
+    /// `COMMIT`, so that a batch of the group commit is applied while the last one syncs.
     Full,
     /// `synchronous=NORMAL`: a commit survives a crash of the process, not of the machine.
     Normal,
