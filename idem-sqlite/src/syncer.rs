@@ -286,6 +286,12 @@ impl Inner {
 
     /// Answers synced batches, or fails them and the store.
     fn finish(&self, batches: Vec<Committed>, synced: Result<(), String>) {
+        // After a failed sync, a later one that succeeds proves nothing of what came before it
+        // (the kernel may have dropped those pages), and these commits may build on them.
+        let synced = synced.and_then(|()| match *self.durable.borrow() {
+            Durable::Failed => Err(SYNC_FAILED.to_owned()),
+            Durable::Upto(_) => Ok(()),
+        });
         match synced {
             Ok(()) => {
                 let newest = batches.iter().map(|b| b.number).max().unwrap_or(0);
@@ -325,13 +331,11 @@ impl Drop for Held<'_> {
 
 /// The error of every operation after a failed sync.
 fn sync_failed() -> StoreError {
-    StoreError::new(
-        BACKEND,
-        StoreErrorKind::Unavailable,
-        "a sync of the WAL failed earlier: commits since may not survive a power loss, so this \
-         store answers nothing more; open it again",
-    )
+    StoreError::new(BACKEND, StoreErrorKind::Unavailable, SYNC_FAILED)
 }
+
+const SYNC_FAILED: &str = "a sync of the WAL failed earlier: commits since may not survive a \
+                           power loss, so this store answers nothing more; open it again";
 
 #[cfg(test)]
 mod tests {
@@ -443,6 +447,16 @@ mod tests {
         let later = syncer.check().unwrap_err();
         assert!(later.to_string().contains("open it again"), "{later}");
         assert!(syncer.durable(0).await.is_err(), "reads are refused too");
+
+        // A commit already under way when the sync failed: its own sync succeeds, and proves
+        // nothing of the commits before it.
+        std::fs::write(dir.path().join("s.db-wal"), b"frames").unwrap();
+        let (batch, answer) = committed(syncer.before_commit());
+        syncer.after_commit(batch, false);
+        let Err(error) = answered(answer.await.unwrap()) else {
+            panic!("after a failed sync, no commit is answered as durable");
+        };
+        assert!(error.to_string().contains("open it again"), "{error}");
     }
 
     /// With `synchronous=normal` nothing is synced and nothing waits.
