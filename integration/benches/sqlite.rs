@@ -403,7 +403,7 @@ fn fresh_concurrent(c: &mut Criterion, dir: &Path, rt: &tokio::runtime::Runtime)
 
 /// idem's fresh calls with [`GROUP`](raw_sqlite::GROUP) callers against the group-commit ceiling
 /// ([`raw_sqlite::group_commit`]): criterion's rate of the ceiling, and the two timed in alternation,
-/// blocks of 640 calls a side.
+/// blocks of 640 calls a side, and of 6,400.
 fn group_commit(
     c: &mut Criterion,
     dir: &Path,
@@ -454,6 +454,20 @@ fn group_commit(
         ceiling,
     );
     alternated.push(("64 callers vs the raw group-commit ceiling", spread));
+    // Ten calls a caller is mostly the callers' start and end (the last commits wait for each
+    // other's syncs; the loop has neither): blocks of a hundred calls a caller show the steady
+    // state beside it.
+    let spread = support::alternating_blocks(
+        rt,
+        11,
+        6_400,
+        |calls| support::among_callers(&call, GROUP, calls, &next),
+        ceiling,
+    );
+    alternated.push((
+        "64 callers vs the raw group-commit ceiling, blocks of 6,400",
+        spread,
+    ));
 }
 
 fn summary() {
