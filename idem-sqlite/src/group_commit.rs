@@ -14,11 +14,11 @@ use super::driver::{BACKEND, closed, sql_error, unexpected};
 use super::keeper::{Keeper, KeeperCell};
 use super::options::SqliteOptions;
 use super::syncer::{Committed, Syncer};
-use idem_core::StoreError;
 use idem_core::store::Fenced;
 use idem_core::store::Watchers;
 use idem_core::store::read_first::ReadFirst;
 use idem_core::store::replay_cache::ReplayCache;
+use idem_core::{StoreError, StoreErrorKind};
 
 /// Most operations one transaction takes.
 pub(super) const MAX_BATCH: usize = 512;
@@ -324,16 +324,25 @@ pub(super) fn run_batch(
         answers.push((job.reply, answer));
     }
     let number = syncer.before_commit();
-    if let Err(e) = tx.commit() {
-        // The commit failed: nothing of this batch is durable, so no answer may say it is.
+    // A failed commit: nothing of this batch is durable, so no answer may say it is.
+    let failed_commit = tx.commit().err().map(|e| {
         let message = format!("commit failed ({e})");
-        let kind = sql_error("", e).kind();
-        for (_, answer) in &mut answers {
-            *answer = Err(StoreError::new(BACKEND, kind, message.clone()));
+        (sql_error("", e).kind(), message)
+    });
+    let answer = Box::new(move |failed_sync: Option<&str>| {
+        // A failed sync: what the commit holds may not survive.
+        let failure = failed_commit
+            .or_else(|| failed_sync.map(|reason| (StoreErrorKind::Unavailable, reason.to_owned())));
+        for (reply, answer) in answers {
+            let answer = match &failure {
+                Some((kind, message)) => Err(StoreError::new(BACKEND, *kind, message.clone())),
+                None => answer,
+            };
+            let _ = reply.send(Answer::Done(answer));
         }
-    }
+    });
     // Even a failed commit took a number: its (empty) sync lets the readers waiting on it go.
-    Some(Committed { number, answers })
+    Some(Committed { number, answer })
 }
 
 #[cfg(test)]

@@ -631,21 +631,15 @@ mod tests {
         let Claim::Acquired { token, .. } = store.claim(request(n)).await.unwrap() else {
             panic!("a new key is acquired");
         };
-        let completion = Completion {
-            tenant: "t",
-            key: request(n).key,
-            token,
-            status: RecordStatus::Completed,
-            result: b"{\"ok\":1}",
-            now: 1_000,
-            ttl: Duration::from_secs(3_600),
-            notify: false,
-        };
-        assert_eq!(store.complete(completion).await.unwrap(), Fenced::Applied);
+        assert_eq!(
+            store.complete(completion(n, token)).await.unwrap(),
+            Fenced::Applied
+        );
         let replay = store.claim(request(n)).await.unwrap();
         assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
     }
 
+    /// The completion of key `n`'s claim.
     fn completion(n: u32, token: FencingToken) -> Completion<'static> {
         Completion {
             tenant: "t",

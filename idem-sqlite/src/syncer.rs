@@ -30,38 +30,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
-use super::claim::Reply;
 use super::driver::BACKEND;
-use super::group_commit::Answer;
 use idem_core::{StoreError, StoreErrorKind};
 
 /// How long the syncer thread waits for more commits before it ends (the next commit starts
 /// another).
 const IDLE: Duration = Duration::from_millis(100);
 
-/// The answers of one committed batch, to send once the commit is durable.
+/// One committed batch, to answer once the commit is durable.
 pub(super) struct Committed {
     /// The commit's number ([`Syncer::before_commit`]).
     pub(super) number: u64,
-    pub(super) answers: Vec<(oneshot::Sender<Answer>, Result<Reply, StoreError>)>,
+    pub(super) answer: SendAnswers,
 }
 
-impl Committed {
-    fn answer(self) {
-        for (reply, answer) in self.answers {
-            let _ = reply.send(Answer::Done(answer));
-        }
-    }
-
-    fn fail(self, reason: &str) {
-        for (reply, _) in self.answers {
-            let error = StoreError::new(BACKEND, StoreErrorKind::Unavailable, reason);
-            let _ = reply.send(Answer::Done(Err(error)));
-        }
-    }
-}
+/// Sends a batch's answers: as applied (`None`), or every one failed for the reason given.
+pub(super) type SendAnswers = Box<dyn FnOnce(Option<&str>) + Send>;
 
 /// How far this store's commits are durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,7 +162,7 @@ impl Syncer {
     pub(super) fn after_commit(&self, committed: Committed, lone: bool) {
         let inner = &self.inner;
         if inner.wal.is_none() {
-            committed.answer();
+            (committed.answer)(None);
             return;
         }
         let mut queue = inner.lock();
@@ -303,13 +289,13 @@ impl Inner {
                     _ => false,
                 });
                 for batch in batches {
-                    batch.answer();
+                    (batch.answer)(None);
                 }
             }
             Err(reason) => {
                 self.durable.send_replace(Durable::Failed);
                 for batch in batches {
-                    batch.fail(&reason);
+                    (batch.answer)(Some(&reason));
                 }
             }
         }
@@ -340,6 +326,7 @@ const SYNC_FAILED: &str = "a sync of the WAL failed earlier: commits since may n
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::oneshot;
 
     const A_WHILE: Duration = Duration::from_millis(50);
 
@@ -350,17 +337,13 @@ mod tests {
         Syncer::new(&path, true)
     }
 
-    fn committed(number: u64) -> (Committed, oneshot::Receiver<Answer>) {
-        let (reply, answer) = oneshot::channel();
-        let answers = vec![(reply, Ok(Reply::Purged(number as usize)))];
-        (Committed { number, answers }, answer)
-    }
-
-    fn answered(answer: Answer) -> Result<Reply, StoreError> {
-        match answer {
-            Answer::Done(result) => result,
-            Answer::Lead(_) => panic!("a syncer answers, it never hands a lead"),
-        }
+    /// A batch whose answer is the number it was sent with, or the reason it failed.
+    fn committed(number: u64) -> (Committed, oneshot::Receiver<Result<u64, String>>) {
+        let (reply, received) = oneshot::channel();
+        let answer = Box::new(move |failed: Option<&str>| {
+            let _ = reply.send(failed.map_or(Ok(number), |reason| Err(reason.to_owned())));
+        });
+        (Committed { number, answer }, received)
     }
 
     /// A read that may see a commit waits until the commit is synced, and so does the batch's
@@ -386,10 +369,7 @@ mod tests {
 
         let (batch, answer) = committed(number);
         syncer.after_commit(batch, false);
-        assert!(matches!(
-            answered(answer.await.unwrap()),
-            Ok(Reply::Purged(1))
-        ));
+        assert_eq!(answer.await.unwrap(), Ok(1));
         read.await.expect("synced: the read goes on");
         assert!(syncer.durable(number).await.is_ok());
     }
@@ -407,7 +387,7 @@ mod tests {
             answers.push(answer);
         }
         for answer in answers {
-            assert!(answered(answer.await.unwrap()).is_ok());
+            assert!(answer.await.unwrap().is_ok());
         }
         assert!(syncer.durable(20).await.is_ok());
     }
@@ -419,7 +399,12 @@ mod tests {
         let syncer = syncer(&dir);
         let (batch, mut answer) = committed(syncer.before_commit());
         syncer.after_commit(batch, true);
-        assert!(answered(answer.try_recv().expect("answered before returning")).is_ok());
+        assert!(
+            answer
+                .try_recv()
+                .expect("answered before returning")
+                .is_ok()
+        );
         assert!(!syncer.inner.lock().running, "no thread started");
     }
 
@@ -435,14 +420,8 @@ mod tests {
         let (batch, answer) = committed(number);
         syncer.after_commit(batch, false);
 
-        let Err(error) = answered(answer.await.unwrap()) else {
-            panic!("not durable: an error");
-        };
-        assert_eq!(error.kind(), StoreErrorKind::Unavailable);
-        assert!(
-            error.to_string().contains("syncing the WAL failed"),
-            "{error}"
-        );
+        let reason = answer.await.unwrap().expect_err("not durable: an error");
+        assert!(reason.contains("syncing the WAL failed"), "{reason}");
         assert_eq!(read.await.unwrap_err().kind(), StoreErrorKind::Unavailable);
         let later = syncer.check().unwrap_err();
         assert!(later.to_string().contains("open it again"), "{later}");
@@ -453,10 +432,11 @@ mod tests {
         std::fs::write(dir.path().join("s.db-wal"), b"frames").unwrap();
         let (batch, answer) = committed(syncer.before_commit());
         syncer.after_commit(batch, false);
-        let Err(error) = answered(answer.await.unwrap()) else {
-            panic!("after a failed sync, no commit is answered as durable");
-        };
-        assert!(error.to_string().contains("open it again"), "{error}");
+        let reason = answer
+            .await
+            .unwrap()
+            .expect_err("after a failed sync, no commit is answered as durable");
+        assert!(reason.contains("open it again"), "{reason}");
     }
 
     /// With `synchronous=normal` nothing is synced and nothing waits.
@@ -468,6 +448,6 @@ mod tests {
         assert!(syncer.durable(number).await.is_ok());
         let (batch, mut answer) = committed(number);
         syncer.after_commit(batch, false);
-        assert!(answered(answer.try_recv().unwrap()).is_ok());
+        assert!(answer.try_recv().unwrap().is_ok());
     }
 }

@@ -446,28 +446,27 @@ fn group_commit(
         }
         std::future::ready(start.elapsed())
     };
-    let spread = support::alternating_blocks(
-        rt,
-        21,
-        640,
-        |calls| support::among_callers(&call, GROUP, calls, &next),
-        ceiling,
-    );
-    alternated.push(("64 callers vs the raw group-commit ceiling", spread));
-    // Ten calls a caller is mostly the callers' start and end (the last commits wait for each
-    // other's syncs; the loop has neither): blocks of a hundred calls a caller show the steady
-    // state beside it.
-    let spread = support::alternating_blocks(
-        rt,
-        11,
-        6_400,
-        |calls| support::among_callers(&call, GROUP, calls, &next),
-        ceiling,
-    );
-    alternated.push((
-        "64 callers vs the raw group-commit ceiling, blocks of 6,400",
-        spread,
-    ));
+    // Ten calls a caller (blocks of 640) is mostly the callers' start and end (the last
+    // commits wait for each other's syncs; the loop has neither): blocks of a hundred calls a
+    // caller show the steady state beside it.
+    let sizes = [
+        (21, 640, "64 callers vs the raw group-commit ceiling"),
+        (
+            11,
+            6_400,
+            "64 callers vs the raw group-commit ceiling, blocks of 6,400",
+        ),
+    ];
+    for (rounds, block, name) in sizes {
+        let spread = support::alternating_blocks(
+            rt,
+            rounds,
+            block,
+            |calls| support::among_callers(&call, GROUP, calls, &next),
+            &ceiling,
+        );
+        alternated.push((name, spread));
+    }
 }
 
 fn summary() {
