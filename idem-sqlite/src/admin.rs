@@ -34,8 +34,8 @@ impl AdminStore for SqliteStore {
                 .read(|conn| {
                     let sql = format!(
                         "SELECT {RECORD_COLUMNS} FROM idem_records \
-                     WHERE (?1 IS NULL OR tenant = ?1) AND (tenant, key) > (?2, ?3) \
-                     ORDER BY tenant, key LIMIT ?4"
+                         WHERE (?1 IS NULL OR tenant = ?1) AND (tenant, key) > (?2, ?3) \
+                         ORDER BY tenant, key LIMIT ?4"
                     );
                     let mut stmt = conn
                         .prepare_cached(&sql)

@@ -26,7 +26,7 @@
 //! again and is reconciled as any orphan.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -70,8 +70,10 @@ struct Inner {
     committed: AtomicU64,
     durable: watch::Sender<Durable>,
     queue: Mutex<SyncQueue>,
-    /// Wakes the syncer thread when a commit is queued.
+    /// Wakes the syncer thread when a commit is queued or a lone writer's sync ends.
     queued: Condvar,
+    /// The WAL's directory was synced once (the first sync), for a WAL this process created.
+    directory_synced: AtomicBool,
     /// Set by a test to keep syncs from ending, with the condition its release signals.
     #[cfg(test)]
     held: (Mutex<bool>, Condvar),
@@ -84,8 +86,6 @@ struct SyncQueue {
     running: bool,
     /// A sync is under way (the thread's or a lone writer's).
     syncing: bool,
-    /// The directory was synced once, after the WAL existed.
-    directory_synced: bool,
 }
 
 impl Syncer {
@@ -100,6 +100,7 @@ impl Syncer {
                 durable: watch::Sender::new(Durable::Upto(0)),
                 queue: Mutex::new(SyncQueue::default()),
                 queued: Condvar::new(),
+                directory_synced: AtomicBool::new(false),
                 #[cfg(test)]
                 held: (Mutex::new(false), Condvar::new()),
             }),
@@ -167,14 +168,7 @@ impl Syncer {
         }
         let mut queue = inner.lock();
         if lone && !queue.syncing && queue.waiting.is_empty() {
-            queue.syncing = true;
-            let directory = !queue.directory_synced;
-            drop(queue);
-            let synced = inner.sync(directory);
-            inner.lock().syncing = false;
-            // The syncer thread may wait for this sync to end.
-            inner.queued.notify_one();
-            inner.finish(vec![committed], synced);
+            inner.sync_and_answer(queue, vec![committed]);
             return;
         }
         queue.waiting.push(committed);
@@ -232,19 +226,26 @@ impl Inner {
                 continue;
             }
             let batch = std::mem::take(&mut queue.waiting);
-            queue.syncing = true;
-            let directory = !queue.directory_synced;
-            drop(queue);
-            let synced = self.sync(directory);
-            self.finish(batch, synced);
+            self.sync_and_answer(queue, batch);
             queue = self.lock();
-            queue.syncing = false;
         }
+    }
+
+    /// Syncs, without the queue's lock, and answers `batches` (a lone writer's, or those the
+    /// thread took). `syncing` keeps any other sync from starting meanwhile.
+    fn sync_and_answer(&self, mut queue: MutexGuard<'_, SyncQueue>, batches: Vec<Committed>) {
+        queue.syncing = true;
+        drop(queue);
+        let synced = self.sync();
+        self.lock().syncing = false;
+        // The syncer thread may be waiting for a lone writer's sync to end.
+        self.queued.notify_one();
+        self.finish(batches, synced);
     }
 
     /// `fdatasync` of the WAL (and, the first time, of its directory). Every commit made before
     /// it starts is durable when it returns.
-    fn sync(&self, directory: bool) -> Result<(), String> {
+    fn sync(&self) -> Result<(), String> {
         let Some(wal) = &self.wal else {
             return Ok(());
         };
@@ -260,12 +261,12 @@ impl Inner {
         std::fs::File::open(wal)
             .and_then(|file| file.sync_data())
             .map_err(|e| failed("syncing the WAL", e))?;
-        if directory {
+        if !self.directory_synced.load(Ordering::Relaxed) {
             let parent = wal.parent().filter(|p| !p.as_os_str().is_empty());
             std::fs::File::open(parent.unwrap_or(Path::new(".")))
                 .and_then(|dir| dir.sync_all())
                 .map_err(|e| failed("syncing the WAL's directory", e))?;
-            self.lock().directory_synced = true;
+            self.directory_synced.store(true, Ordering::Relaxed);
         }
         Ok(())
     }
