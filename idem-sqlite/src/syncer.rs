@@ -207,12 +207,13 @@ impl Inner {
         let mut queue = self.lock();
         loop {
             if queue.waiting.is_empty() {
-                let (next, _) = self
+                // Woken early (a lone writer's sync ended), it waits on for the rest of IDLE.
+                let (next, idle) = self
                     .queued
-                    .wait_timeout(queue, IDLE)
+                    .wait_timeout_while(queue, IDLE, |queue| queue.waiting.is_empty())
                     .unwrap_or_else(PoisonError::into_inner);
                 queue = next;
-                if queue.waiting.is_empty() {
+                if idle.timed_out() {
                     queue.running = false;
                     return;
                 }
