@@ -8,7 +8,9 @@
 //!   rather than inside SQLite's `COMMIT`, so that under many callers the leader applies and
 //!   commits the next batch while the last one syncs; no caller hears of a commit, and no read
 //!   answers from one, before its sync (`syncer.rs` has the table). A sync that fails stops the
-//!   store: every later call is refused, `Unavailable`.
+//!   store: every later call is refused, `Unavailable`. Checkpoints run apart from commits too:
+//!   a thread of the store copies the WAL back past 1,000 pages while the leader goes on, and
+//!   the leader checkpoints only past 4,000, so that the WAL starts again (`checkpoint.rs`).
 //! - **Group commit, led by a caller.** Writes queue up; the caller that finds no commit under
 //!   way becomes the *leader*: it takes everything queued, applies it in one transaction, commits
 //!   once, and answers every caller in the batch. A lone caller commits on its own thread, without

@@ -36,8 +36,8 @@ use super::driver::BACKEND;
 use idem_core::{StoreError, StoreErrorKind};
 
 /// How long the syncer thread waits for more commits before it ends (the next commit starts
-/// another).
-const IDLE: Duration = Duration::from_millis(100);
+/// another). Longer in tests, so that a slow machine cannot end a thread a test watches.
+const IDLE: Duration = Duration::from_millis(if cfg!(test) { 5_000 } else { 100 });
 
 /// One committed batch, to answer once the commit is durable.
 pub(super) struct Committed {
@@ -408,6 +408,22 @@ mod tests {
                 .is_ok()
         );
         assert!(!syncer.inner.lock().running, "no thread started");
+    }
+
+    /// A lone writer's sync beside the syncer thread's wakes the thread (which may wait for it)
+    /// and leaves it running: the next batch is synced by the same thread.
+    #[tokio::test]
+    async fn a_lone_writers_sync_leaves_the_thread_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let syncer = syncer(&dir);
+        let (batch, answer) = committed(syncer.before_commit());
+        syncer.after_commit(batch, false);
+        assert!(answer.await.unwrap().is_ok());
+        let (batch, answer) = committed(syncer.before_commit());
+        syncer.after_commit(batch, true);
+        assert!(answer.await.unwrap().is_ok());
+        tokio::time::sleep(A_WHILE).await;
+        assert!(syncer.inner.lock().running, "the thread waits on for IDLE");
     }
 
     /// A sync that fails (here the WAL vanished) fails the batches it covered, the reads
