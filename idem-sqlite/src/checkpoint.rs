@@ -140,7 +140,7 @@ impl Inner {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::time::Instant;
 
@@ -166,10 +166,11 @@ mod tests {
         conn.execute_batch("COMMIT").unwrap();
     }
 
-    fn wal_pages(options: &SqliteOptions) -> u64 {
-        let mut wal = options.path.as_os_str().to_owned();
+    /// The frames in the WAL of the database at `db` (of SQLite's default 4 KiB pages).
+    pub(crate) fn wal_pages(db: &std::path::Path) -> u64 {
+        let mut wal = db.as_os_str().to_owned();
         wal.push("-wal");
-        std::fs::metadata(wal).map_or(0, |m| m.len()) / (4096 + 24)
+        std::fs::metadata(wal).expect("the WAL exists").len() / (4096 + 24)
     }
 
     /// Past BACKGROUND_FROM pages (and short of INLINE_FROM) the thread copies the frames back
@@ -180,11 +181,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (conn, options) = writer(dir.path());
         let mut n = 0;
-        while wal_pages(&options) < BACKGROUND_FROM as u64 + 100 {
+        while wal_pages(&options.path) < BACKGROUND_FROM as u64 + 100 {
             commit(&conn, n);
             n += 1;
         }
-        assert!(wal_pages(&options) < INLINE_FROM as u64);
+        assert!(wal_pages(&options.path) < INLINE_FROM as u64);
         let deadline = Instant::now() + Duration::from_secs(30);
         let db_len = || std::fs::metadata(&options.path).unwrap().len();
         while db_len() < 4096 * BACKGROUND_FROM as u64 / 2 {
@@ -208,7 +209,7 @@ mod tests {
         for n in 0..7_500 {
             commit(&conn, n);
         }
-        let pages = wal_pages(&options);
+        let pages = wal_pages(&options.path);
         // Past INLINE_FROM, a commit whose checkpoint found the thread's under way (busy)
         // leaves it to the next commit.
         assert!(
