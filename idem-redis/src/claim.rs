@@ -133,7 +133,7 @@ impl RedisStore {
         if in_blob(&found) {
             return Ok(None);
         }
-        let found = decode_record(op, req.tenant, req.key, &found)?;
+        let found = decode_record(op, req.tenant, req.key, found)?;
         let expires_at = found.expires_at;
         let answer = decide_without_writing(found, req, token);
         if let Some(Claim::Completed { result }) = &answer {
@@ -635,7 +635,7 @@ impl Store for RedisStore {
                 return Ok(None);
             };
             Ok(Some(StreamPage {
-                record: decode_record(OP, r.tenant, r.key, &found)?,
+                record: decode_record(OP, r.tenant, r.key, found)?,
                 chunks: answer.collect(),
             }))
         })
@@ -697,7 +697,7 @@ impl Store for RedisStore {
                 .flatten()
                 .map(|n| String::from_utf8(n).map_err(|_| corrupt(OP, "the note is not UTF-8")))
                 .transpose()?;
-            decode_record(OP, tenant, key, &value).map(|r| Some(Record { note, ..r }))
+            decode_record(OP, tenant, key, value).map(|r| Some(Record { note, ..r }))
         })
     }
 

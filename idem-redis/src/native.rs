@@ -216,7 +216,7 @@ mod tests {
         let key = IdempotencyKey::from_bytes([1; 32]);
         let held = in_flight(1_000, 9_000);
         let done = completed(&held, b"c", &format!("{:016}", 20_000), b"{\"ok\":1}");
-        let record = decode_record("test", "t", key, &done).expect("a record");
+        let record = decode_record("test", "t", key, done.clone()).expect("a record");
         assert_eq!(record.status, RecordStatus::Completed);
         assert_eq!(record.expires_at, 20_000);
         assert_eq!(record.lease_expires_at, 1_000);
@@ -226,7 +226,7 @@ mod tests {
         assert_eq!(record.result.as_deref(), Some(&b"{\"ok\":1}"[..]));
 
         let later = renewed(&held, &format!("{:016}", 4_000)).expect("outlives the lease");
-        let record = decode_record("test", "t", key, &later).expect("a record");
+        let record = decode_record("test", "t", key, later.clone()).expect("a record");
         assert_eq!(record.lease_expires_at, 4_000);
         assert_eq!(record.expires_at, 9_000);
         assert_eq!(record.status, RecordStatus::InFlight);

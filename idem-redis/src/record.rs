@@ -35,26 +35,35 @@ pub(super) fn record_key(prefix: &str, tenant: &str, key: &IdempotencyKey) -> St
     out
 }
 
-/// Reads a record laid out as [`layout`] describes.
+/// The number a fixed-width field spells: its digits, zero-padded, and nothing else (read
+/// from the bytes as they are: no text to validate first).
+fn digits(field: &[u8]) -> Option<u64> {
+    if field.is_empty() {
+        return None;
+    }
+    field.iter().try_fold(0u64, |n, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d < 10)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
+/// Reads a record laid out as [`layout`] describes. It takes the value as the server sent it:
+/// a result is what follows the header, and keeps the value's buffer.
 pub(super) fn decode_record(
     op: &str,
     tenant: &str,
     key: IdempotencyKey,
-    v: &[u8],
+    mut v: Vec<u8>,
 ) -> Result<Record, StoreError> {
     let bad = || corrupt(op, "the record is not laid out as this build writes it");
-    let number = |range: std::ops::Range<usize>| -> Result<u64, StoreError> {
-        v.get(range)
-            .and_then(|b| std::str::from_utf8(b).ok())
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(bad)
-    };
+    let number = |range: std::ops::Range<usize>| v.get(range).and_then(digits).ok_or_else(bad);
     let tool_end =
         layout::HEADER + usize::try_from(number(layout::TOOL_LEN)?).map_err(|_| bad())?;
     let tool = v
         .get(layout::HEADER..tool_end)
         .and_then(|b| std::str::from_utf8(b).ok())
-        .ok_or_else(bad)?;
+        .ok_or_else(bad)?
+        .to_owned();
     let status = match v.get(layout::STATUS) {
         Some(b'i') => RecordStatus::InFlight,
         Some(b'c') => RecordStatus::Completed,
@@ -68,24 +77,35 @@ pub(super) fn decode_record(
         }
         _ => return Err(bad()),
     };
+    let fingerprint = Fingerprint::from_bytes(
+        v.get(layout::FINGERPRINT)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(bad)?,
+    );
+    let token = FencingToken::from_raw(number(layout::TOKEN)?);
+    let (lease_expires_at, created_at, expires_at) = (
+        number(layout::LEASE)?,
+        number(layout::CREATED)?,
+        number(layout::EXPIRES)?,
+    );
+    let result = match status {
+        RecordStatus::Completed | RecordStatus::Unknown => {
+            v.drain(..tool_end);
+            Some(v)
+        }
+        RecordStatus::InFlight => None,
+    };
     Ok(Record {
         tenant: tenant.to_owned(),
         key,
-        tool: tool.to_owned(),
-        fingerprint: Fingerprint::from_bytes(
-            v.get(layout::FINGERPRINT)
-                .and_then(|b| b.try_into().ok())
-                .ok_or_else(bad)?,
-        ),
+        tool,
+        fingerprint,
         status,
-        token: FencingToken::from_raw(number(layout::TOKEN)?),
-        lease_expires_at: number(layout::LEASE)?,
-        created_at: number(layout::CREATED)?,
-        expires_at: number(layout::EXPIRES)?,
-        result: match status {
-            RecordStatus::Completed | RecordStatus::Unknown => Some(v[tool_end..].to_vec()),
-            RecordStatus::InFlight => None,
-        },
+        token,
+        lease_expires_at,
+        created_at,
+        expires_at,
+        result,
         note: None,
     })
 }
@@ -116,5 +136,50 @@ impl RedisStore {
             .await
             .map_err(|e| redis_error(op, e))?;
         Ok(found.unwrap_or(SCHEMA_VERSION))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode_record, digits};
+    use idem_core::key::IdempotencyKey;
+
+    #[test]
+    fn a_field_is_its_digits_and_nothing_else() {
+        assert_eq!(digits(b"0001700000000000"), Some(1_700_000_000_000));
+        assert_eq!(digits(b"0000"), Some(0));
+        assert_eq!(digits(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b"+123",
+            b"-1",
+            b"12 3",
+            b"0x10",
+            b"18446744073709551616",
+        ] {
+            assert_eq!(digits(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    /// A completed record's result is what follows the header and the tool name; a header
+    /// whose number fields are not digits is refused, not read as another number.
+    #[test]
+    fn a_record_reads_its_result_and_refuses_a_bad_header() {
+        let header = |token: &str| {
+            let mut v = vec![7u8; 32];
+            v.push(b'c');
+            v.extend(format!("{:016}{:016}{:016}{token}{:04}tool", 9, 8, 5, 4).bytes());
+            v
+        };
+        let key = IdempotencyKey::from_bytes([1; 32]);
+        let mut done = header(&format!("{:019}", 42));
+        done.extend_from_slice(b"{\"ok\":1}");
+        let record = decode_record("test", "t", key, done).expect("a record");
+        assert_eq!(record.result.as_deref(), Some(&b"{\"ok\":1}"[..]));
+        assert_eq!((record.expires_at, record.lease_expires_at), (9, 8));
+        assert_eq!(record.tool, "tool");
+        let signed = header(&format!("+{:018}", 42));
+        let error = decode_record("test", "t", key, signed).expect_err("not digits");
+        assert!(error.to_string().contains("not laid out"), "{error}");
     }
 }

@@ -6,7 +6,10 @@
 //!   `COSTS_CALLS` (default 40,000) calls each round with `raw` (`SET NX PX`, then `SET PX`),
 //!   `fenced` (the same, the completion a Lua compare-and-set), `idem` (the store's default
 //!   fencing: the server's compare-and-set where it has one) and `idem-scripts`
-//!   (`fencing=script`); `COSTS_VARIANTS=raw,idem` picks some.
+//!   (`fencing=script`), and replays: `lookup` (the raw `GET`, the check of the fingerprint it
+//!   returns, deserialize), `lookup-tagged` (the same `GET` in a pipeline with an `ECHO` tag, as
+//!   idem sends each request) and `replay` (idem's replay of one call with the replay cache off);
+//!   `COSTS_VARIANTS=raw,idem` picks some.
 //! - `COSTS_SQLITE=PATH`: 64 callers of idem on a SQLite file, against the raw group-commit
 //!   ceiling on `PATH.raw` (64 calls' claims in one transaction, their completions in another);
 //!   `COSTS_SIDE=idem` or `raw` runs one side alone.
@@ -91,18 +94,29 @@ fn main() {
     });
     // idem's records under a prefix of this run, deleted at the end with the raw keys.
     let prefix = format!("costs-{}", uuid::Uuid::new_v4().simple());
-    let scope_with = |fencing: &str| {
+    let scope_with = |options: &str| {
         let sep = if url.contains('?') { '&' } else { '?' };
-        let url = format!("{url}{sep}prefix={prefix}-{fencing}&fencing={fencing}");
+        let url = format!(
+            "{url}{sep}prefix={prefix}-{}&{options}",
+            options.replace(['=', '&'], "-")
+        );
         rt.block_on(Idem::open(&url))
             .expect("open")
             .scope(run_tenant())
     };
-    let (native, scripts) = (scope_with("auto"), scope_with("script"));
+    let (native, scripts) = (scope_with("fencing=auto"), scope_with("fencing=script"));
+    // The call the `replay` variant repeats, made once.
+    let uncached = scope_with("replay_cache=0");
+    let replayed = || register_payment("run".into(), 7, "cus".into(), 500);
+    assert!(
+        rt.block_on(uncached.run(replayed()))
+            .expect("call")
+            .is_fresh()
+    );
     let variants: Vec<String> = std::env::var("COSTS_VARIANTS")
         .map(|v| v.split(',').map(str::to_owned).collect())
         .unwrap_or_else(|_| {
-            ["raw", "fenced", "idem", "idem-scripts"]
+            ["raw", "fenced", "idem", "idem-scripts", "lookup", "replay"]
                 .map(str::to_owned)
                 .to_vec()
         });
@@ -112,6 +126,7 @@ fn main() {
             let (raw, next) = (raw.clone(), next.clone());
             let scope = match variant.as_str() {
                 "idem-scripts" => scripts.clone(),
+                "replay" => uncached.clone(),
                 _ => native.clone(),
             };
             let (took, client, server) = rt.block_on(async {
@@ -138,6 +153,34 @@ fn main() {
                             async move {
                                 let call = register_payment("run".into(), n, "cus".into(), 500);
                                 assert!(scope.run(call).await.expect("call").is_fresh());
+                            }
+                        };
+                        among_callers(&call, callers, calls, &next).await
+                    }
+                    "lookup" => {
+                        let call = move |_| {
+                            let raw = raw.clone();
+                            async move {
+                                std::hint::black_box(raw.lookup().await);
+                            }
+                        };
+                        among_callers(&call, callers, calls, &next).await
+                    }
+                    "lookup-tagged" => {
+                        let call = move |n| {
+                            let raw = raw.clone();
+                            async move {
+                                std::hint::black_box(raw.lookup_tagged(n).await);
+                            }
+                        };
+                        among_callers(&call, callers, calls, &next).await
+                    }
+                    "replay" => {
+                        let call = move |_| {
+                            let scope = scope.clone();
+                            async move {
+                                let out = scope.run(replayed()).await.expect("call");
+                                assert!(out.is_replayed());
                             }
                         };
                         among_callers(&call, callers, calls, &next).await

@@ -25,7 +25,7 @@ fn a_new_record_reads_back_as_the_claim_that_made_it() {
         orphans: Orphans::TakeOver,
     };
     let new = new_record(&req, FencingToken::from_raw(42));
-    let record = decode_record("test", "t", key, &new).expect("laid out as a record");
+    let record = decode_record("test", "t", key, new.clone()).expect("laid out as a record");
     assert_eq!(record.fingerprint, req.fingerprint);
     assert_eq!(record.status, RecordStatus::InFlight);
     assert_eq!(record.token, FencingToken::from_raw(42));

@@ -267,6 +267,26 @@ async fn claim_new(conn: &mut redis::aio::MultiplexedConnection, key: &str, valu
     assert!(claimed.is_some());
 }
 
+impl RawRedis {
+    /// [`Raw::lookup`] sent as idem sends each request: in one pipeline with an `ECHO` of a
+    /// number, whose reply is checked (what a tagged request costs over a plain one).
+    #[allow(dead_code, reason = "the costs bench's, not the shared bench's")]
+    pub(crate) async fn lookup_tagged(&self, tag: u64) -> Payment {
+        let args = RawArgs::payment("run-1", 7);
+        let (bytes, echoed): (Vec<u8>, Vec<u8>) = redis::pipe()
+            .cmd("GET")
+            .arg(format!("idem-bench-raw:{}:7", self.tenant))
+            .cmd("ECHO")
+            .arg(&tag.to_le_bytes()[..])
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("get");
+        assert_eq!(echoed, tag.to_le_bytes());
+        let (stored, result) = bytes.split_at(32);
+        args.replay(stored, result)
+    }
+}
+
 impl Raw for RawRedis {
     async fn lookup(&self) -> Payment {
         let args = RawArgs::payment("run-1", 7);
