@@ -1,6 +1,7 @@
 //! Offsets of a record's fixed-width header, as the crate docs lay the record out (1-based
 //! there, 0-based ranges here): the fingerprint, the status, the expiry, the lease's expiry, the
-//! creation time, the token and the length of the tool name, then the name.
+//! creation time, the token and the length of the tool name, then the name; and how a number
+//! field reads.
 
 pub(crate) const FINGERPRINT: std::ops::Range<usize> = 0..32;
 pub(crate) const STATUS: usize = 32;
@@ -10,3 +11,15 @@ pub(crate) const CREATED: std::ops::Range<usize> = 65..81;
 pub(crate) const TOKEN: std::ops::Range<usize> = 81..100;
 pub(crate) const TOOL_LEN: std::ops::Range<usize> = 100..104;
 pub(crate) const HEADER: usize = 104;
+
+/// The number a fixed-width field spells: its digits, zero-padded, and nothing else (read from
+/// the bytes as they are: no text to validate first).
+pub(crate) fn digits(field: &[u8]) -> Option<u64> {
+    if field.is_empty() {
+        return None;
+    }
+    field.iter().try_fold(0u64, |n, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d < 10)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}

@@ -162,8 +162,7 @@ impl Written {
 fn lease_of(value: &[u8]) -> UnixMillis {
     value
         .get(layout::LEASE)
-        .and_then(|b| std::str::from_utf8(b).ok())
-        .and_then(|s| s.parse().ok())
+        .and_then(layout::digits)
         .unwrap_or(0)
 }
 
@@ -183,10 +182,7 @@ pub(crate) fn completed(held: &[u8], status: &[u8], expires_at: &str, result: &[
 /// script's `renew` does for a record that outlives the lease. `None` when the record would
 /// expire first (the script then lengthens its life too).
 pub(crate) fn renewed(held: &[u8], lease_expires_at: &str) -> Option<Vec<u8>> {
-    let expires_at: UnixMillis = std::str::from_utf8(held.get(layout::EXPIRES)?)
-        .ok()?
-        .parse()
-        .ok()?;
+    let expires_at: UnixMillis = layout::digits(held.get(layout::EXPIRES)?)?;
     if expires_at < lease_expires_at.parse().ok()? {
         return None;
     }

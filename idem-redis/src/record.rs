@@ -35,18 +35,6 @@ pub(super) fn record_key(prefix: &str, tenant: &str, key: &IdempotencyKey) -> St
     out
 }
 
-/// The number a fixed-width field spells: its digits, zero-padded, and nothing else (read
-/// from the bytes as they are: no text to validate first).
-fn digits(field: &[u8]) -> Option<u64> {
-    if field.is_empty() {
-        return None;
-    }
-    field.iter().try_fold(0u64, |n, &b| {
-        let digit = b.checked_sub(b'0').filter(|d| *d < 10)?;
-        n.checked_mul(10)?.checked_add(u64::from(digit))
-    })
-}
-
 /// Reads a record laid out as [`layout`] describes. It takes the value as the server sent it:
 /// a result is what follows the header, and keeps the value's buffer.
 pub(super) fn decode_record(
@@ -56,7 +44,8 @@ pub(super) fn decode_record(
     mut v: Vec<u8>,
 ) -> Result<Record, StoreError> {
     let bad = || corrupt(op, "the record is not laid out as this build writes it");
-    let number = |range: std::ops::Range<usize>| v.get(range).and_then(digits).ok_or_else(bad);
+    let number =
+        |range: std::ops::Range<usize>| v.get(range).and_then(layout::digits).ok_or_else(bad);
     let tool_end =
         layout::HEADER + usize::try_from(number(layout::TOOL_LEN)?).map_err(|_| bad())?;
     let tool = v
@@ -141,7 +130,8 @@ impl RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_record, digits};
+    use super::decode_record;
+    use crate::layout::digits;
     use idem_core::key::IdempotencyKey;
 
     #[test]
