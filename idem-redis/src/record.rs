@@ -131,25 +131,7 @@ impl RedisStore {
 #[cfg(test)]
 mod tests {
     use super::decode_record;
-    use crate::layout::digits;
     use idem_core::key::IdempotencyKey;
-
-    #[test]
-    fn a_field_is_its_digits_and_nothing_else() {
-        assert_eq!(digits(b"0001700000000000"), Some(1_700_000_000_000));
-        assert_eq!(digits(b"0000"), Some(0));
-        assert_eq!(digits(b"18446744073709551615"), Some(u64::MAX));
-        for bad in [
-            &b""[..],
-            b"+123",
-            b"-1",
-            b"12 3",
-            b"0x10",
-            b"18446744073709551616",
-        ] {
-            assert_eq!(digits(bad), None, "{:?}", String::from_utf8_lossy(bad));
-        }
-    }
 
     /// A completed record's result is what follows the header and the tool name; a header
     /// whose number fields are not digits is refused, not read as another number.

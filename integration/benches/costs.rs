@@ -1,5 +1,5 @@
-//! Where a fresh call's time goes when callers saturate the machine: for each variant, the
-//! calls/s, and the CPU a call costs this process (`/proc/self/stat`) and, on a
+//! Where a fresh call's or a replay's time goes when callers saturate the machine: for each
+//! variant, the calls/s, and the CPU a call costs this process (`/proc/self/stat`) and, on a
 //! Redis-compatible server, the server (`INFO cpu`). Three rounds of each variant, in turn.
 //!
 //! - `COSTS_URL=redis://…` (Redis or Valkey): 8 callers (`COSTS_CALLERS`) making
@@ -116,9 +116,17 @@ fn main() {
     let variants: Vec<String> = std::env::var("COSTS_VARIANTS")
         .map(|v| v.split(',').map(str::to_owned).collect())
         .unwrap_or_else(|_| {
-            ["raw", "fenced", "idem", "idem-scripts", "lookup", "replay"]
-                .map(str::to_owned)
-                .to_vec()
+            [
+                "raw",
+                "fenced",
+                "idem",
+                "idem-scripts",
+                "lookup",
+                "lookup-tagged",
+                "replay",
+            ]
+            .map(str::to_owned)
+            .to_vec()
         });
     let next = Arc::new(AtomicU64::new(1 << 44));
     for round in 0..3 {

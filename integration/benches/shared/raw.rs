@@ -272,31 +272,39 @@ impl RawRedis {
     /// number, whose reply is checked (what a tagged request costs over a plain one).
     #[allow(dead_code, reason = "the costs bench's, not the shared bench's")]
     pub(crate) async fn lookup_tagged(&self, tag: u64) -> Payment {
-        let args = RawArgs::payment("run-1", 7);
         let (bytes, echoed): (Vec<u8>, Vec<u8>) = redis::pipe()
             .cmd("GET")
-            .arg(format!("idem-bench-raw:{}:7", self.tenant))
+            .arg(self.replayed_key())
             .cmd("ECHO")
             .arg(&tag.to_le_bytes()[..])
             .query_async(&mut self.conn.clone())
             .await
             .expect("get");
         assert_eq!(echoed, tag.to_le_bytes());
-        let (stored, result) = bytes.split_at(32);
-        args.replay(stored, result)
+        replayed(&bytes)
     }
+
+    /// The key of the call every lookup replays (written at connect).
+    fn replayed_key(&self) -> String {
+        format!("idem-bench-raw:{}:7", self.tenant)
+    }
+}
+
+/// The replay of the call [`RawRedis::connect`] stored, from its value as a `GET` found it:
+/// the fingerprint checked, the result deserialized.
+fn replayed(value: &[u8]) -> Payment {
+    let (stored, result) = value.split_at(32);
+    RawArgs::payment("run-1", 7).replay(stored, result)
 }
 
 impl Raw for RawRedis {
     async fn lookup(&self) -> Payment {
-        let args = RawArgs::payment("run-1", 7);
         let bytes: Vec<u8> = redis::cmd("GET")
-            .arg(format!("idem-bench-raw:{}:7", self.tenant))
+            .arg(self.replayed_key())
             .query_async(&mut self.conn.clone())
             .await
             .expect("get");
-        let (stored, result) = bytes.split_at(32);
-        args.replay(stored, result)
+        replayed(&bytes)
     }
 
     async fn two_writes(&self, n: u64) {
