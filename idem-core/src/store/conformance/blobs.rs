@@ -145,7 +145,7 @@ pub async fn the_last_record_naming_a_blob_deletes_it(store: Arc<dyn AdminStore>
     // Redis expires them on its own clock, and they must outlive the count that follows their
     // writes (a walk of a shared server's whole keyspace, slow on a busy machine): they live
     // twenty times what a count takes here, and the wait for their expiry polls.
-    let counting = std::time::Instant::now();
+    let counting = tokio::time::Instant::now();
     usage(&*store, &t).await;
     let short = (counting.elapsed() * 20).max(SHORTEST_LIFE);
     for n in [10, 11] {
