@@ -54,7 +54,14 @@ pub fn worker(
 ) -> std::process::Child {
     let mut command = std::process::Command::new(std::env::current_exe().unwrap());
     command
-        .args([test, "--exact", "--ignored", "--test-threads=1"])
+        // Uncaptured, so that a panic's message goes to stderr, which the parent reads.
+        .args([
+            test,
+            "--exact",
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
         .env_remove(postgres.0)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
@@ -114,7 +121,7 @@ pub fn kill_cycles(
         std::thread::sleep(Duration::from_millis(base_ms + random(spread_ms)));
         let killed = running.try_wait().unwrap().is_none();
         running.kill().ok();
-        let status = running.wait().unwrap();
+        let output = running.wait_with_output().unwrap();
         if killed {
             let text = std::fs::read_to_string(&phases).unwrap_or_default();
             let last = text
@@ -124,15 +131,42 @@ pub fn kill_cycles(
                 .unwrap_or('-');
             *kills.entry(last).or_default() += 1;
         } else {
-            assert!(status.success(), "an unkilled child failed");
+            assert!(
+                output.status.success(),
+                "an unkilled child failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
         }
     }
     let phases = dir.join("phases-final");
     let last = child(&phases).wait_with_output().unwrap();
     assert!(
         last.status.success(),
-        "{}",
+        "the last child failed ({}): {}",
+        last.status,
         String::from_utf8_lossy(&last.stderr)
     );
     kills
+}
+
+/// How many times the children of a [`kill_cycles`] run in `dir` marked `phase`, over all
+/// their phase files.
+pub fn marks(dir: &Path, phase: char) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("phases-"))
+        })
+        .map(|path| {
+            std::fs::read_to_string(path)
+                .unwrap()
+                .lines()
+                .filter(|line| line.starts_with(phase))
+                .count()
+        })
+        .sum()
 }
