@@ -13,7 +13,7 @@
 //!
 //! The child marks each moment in a phase file (`B` before the call, `C` claimed, `E` inside the
 //! effect, `F` effect done but not yet completed, `R` a completion attempt failed and is being
-//! tried again, `D` completed, `X` a completion given up when its window closed, the call to be
+//! tried again, `D` completed, `G` a completion given up when its window closed, the call to be
 //! tried again), so the parent knows where each kill landed. Every third intent's completion
 //! blips (its first attempt fails, its second lands with its answer lost), so that kills land
 //! while the runtime tries a completion again. `IDEM_CRASH_CYCLES` sets the number of cycles
@@ -230,7 +230,7 @@ fn crash_worker() {
                     // again with the same key, as an agent would, and finds the record a late
                     // attempt wrote, or takes the key over as an orphan.
                     Err(idem::Error::CompletionFailed { .. }) => {
-                        mark('X', intent);
+                        mark('G', intent);
                         tokio::time::sleep(LEASE / 4).await;
                     }
                     Err(e) => panic!("intent {intent}: {e}"),
@@ -270,7 +270,7 @@ fn kill_9_cycles(postgres: Option<String>) {
     // Killed at random moments; the last child finishes what is left (waiting out orphans'
     // leases).
     let kills = kills::kill_cycles(dir.path(), cycles, 0x1de3_0000, (15, 60), child);
-    let escalated = kills::marks(dir.path(), 'X');
+    let escalated = kills::marks(dir.path(), 'G');
 
     let mut charged: HashMap<u32, usize> = HashMap::new();
     for line in std::fs::read_to_string(&ledger).unwrap().lines() {
@@ -316,7 +316,7 @@ fn kill_9_cycles(postgres: Option<String>) {
     println!(
         "{store}: {cycles} cycles, kills by the last moment reached ({{B: before the claim, C: claimed, \
          E: inside the effect, F: effect done, not completed, R: completion being tried again, \
-         D: completed, X: completion given up, call to be retried, -: before the first call}}): \
+         D: completed, G: completion given up, call to be retried, -: before the first call}}): \
          {phases:?}; {escalated} completions given up when their window closed (the call tried \
          again); {INTENTS} intents, none charged twice: {} checked ones completed, charged once; \
          of {} unchecked ones {} completed, charged once, and {unknown} blocked as unknown ({} of \
